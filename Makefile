@@ -1,0 +1,32 @@
+# The two commands a newcomer runs: `make run` and `make test`.
+PYTHON_BOOT ?= $(shell command -v python3.12 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+PORT ?= 8000
+
+.PHONY: run test install migrate
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+# Console + embedded executor on SQLite; no servers needed. Ctrl-C stops both.
+run: migrate
+	$(PY) manage.py demo_login
+	@echo "Recovery Console on http://127.0.0.1:$(PORT)/ (embedded executor running beside it)"
+	@trap 'kill 0' INT TERM EXIT; \
+	  $(PY) manage.py run_executor & \
+	  $(PY) manage.py runserver 127.0.0.1:$(PORT) --noreload
+
+# The whole suite. Honours DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/recovery)
+# and CELERY_BROKER_URL; on the embedded default the PostgreSQL-only tests skip with a reason.
+test: install
+	$(PY) -m pytest

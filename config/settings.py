@@ -1,0 +1,141 @@
+"""Settings from the environment (12-factor). Every default makes the embedded mode work:
+SQLite files under var/, the executor in-process, no broker needed."""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = env(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+DEBUG = env_bool("DJANGO_DEBUG", True)
+SECRET_KEY = env("DJANGO_SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off")
+    SECRET_KEY = "insecure-embedded-default-only-for-local-use"
+
+ALLOWED_HOSTS = [h.strip() for h in env("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "simple_history",
+    "recovery",
+    "workflows",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "simple_history.middleware.HistoryRequestMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def database(url: str) -> dict:
+    config = dj_database_url.parse(url, conn_max_age=0)
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        # WAL lets readers work beside the one writer; IMMEDIATE takes the write lock at
+        # BEGIN so two writers queue on busy_timeout instead of failing on lock upgrade.
+        config["OPTIONS"] = {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
+        }
+    return config
+
+
+DATABASES = {
+    "default": database(env("DATABASE_URL", f"sqlite:///{VAR_DIR / 'recovery.sqlite3'}")),
+}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+LOGIN_URL = "admin:login"
+
+# --- Celery (only used when RECOVERY_EXECUTOR=celery) ---------------------------------
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "recovery-sweep": {
+        "task": "recovery.tasks.sweep",
+        "schedule": float(env("RECOVERY_SWEEP_SECONDS", "5")),
+    },
+}
+
+# --- Recovery engine -------------------------------------------------------------------
+# "embedded": run_executor advances runs in-process, no broker.
+# "celery": starting a run enqueues recovery.tasks.advance_run on commit; beat sweeps.
+RECOVERY_EXECUTOR = env("RECOVERY_EXECUTOR", "embedded")
+if RECOVERY_EXECUTOR not in {"embedded", "celery"}:
+    raise ImproperlyConfigured("RECOVERY_EXECUTOR must be 'embedded' or 'celery'")
+RECOVERY_LEASE_SECONDS = float(env("RECOVERY_LEASE_SECONDS", "30"))
+# Modules that declare workflows; each is imported when the app registry is ready.
+RECOVERY_WORKFLOW_MODULES = [
+    m.strip() for m in env("RECOVERY_WORKFLOW_MODULES", "workflows.registry").split(",") if m.strip()
+]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"recovery": {"handlers": ["console"], "level": env("RECOVERY_LOG_LEVEL", "INFO")}},
+}

@@ -1,0 +1,17 @@
+"""Settings for the test suite: the production settings plus the test workflows."""
+
+import os
+
+os.environ.setdefault("RECOVERY_LEASE_SECONDS", "5")
+
+from .settings import *  # noqa: E402,F403
+from .settings import DATABASES, INSTALLED_APPS, RECOVERY_WORKFLOW_MODULES, VAR_DIR  # noqa: E402
+
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.support"]
+RECOVERY_WORKFLOW_MODULES = [*RECOVERY_WORKFLOW_MODULES, "tests.support.workflows"]
+RECOVERY_LEASE_SECONDS = float(os.environ["RECOVERY_LEASE_SECONDS"])
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # A file, not :memory:, so that a subprocess (the crash tests) sees the same database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-recovery.sqlite3")}

@@ -1,0 +1,47 @@
+from django.contrib import admin
+
+from .models import AuditEvent, ModelDecision, StepExecution, WorkflowRun
+
+
+class ReadOnly(admin.ModelAdmin):
+    """State changes go through recovery.transitions only; the admin is for reading."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class StepInline(admin.TabularInline):
+    model = StepExecution
+    fields = ["position", "step_name", "state", "attempts", "idempotency_key", "remote_ref", "last_error_kind",
+              "last_error", "next_attempt_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(WorkflowRun)
+class RunAdmin(ReadOnly):
+    list_display = ["workflow_id", "workflow_name", "state", "current_step", "updated_at"]
+    list_filter = ["state", "workflow_name"]
+    search_fields = ["workflow_id"]
+    inlines = [StepInline]
+
+
+@admin.register(AuditEvent)
+class AuditAdmin(ReadOnly):
+    list_display = ["at", "run", "step_name", "actor", "action", "reason"]
+    list_filter = ["action", "actor"]
+
+
+@admin.register(ModelDecision)
+class DecisionAdmin(ReadOnly):
+    list_display = ["run", "step_name", "version", "state", "created_at"]

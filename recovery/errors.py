@@ -1,0 +1,85 @@
+"""The engine's error taxonomy.
+
+Adapters classify once, at their boundary, and raise a ``StepError`` with its kind; the
+executor never guesses from an exception's type what a retry would do.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class ErrorKind(models.TextChoices):
+    TRANSIENT = "transient"  # transport error, 5xx, "service unavailable": retry with backoff
+    RATE_LIMITED = "rate_limited"  # 429: retry, honouring Retry-After
+    PERMANENT = "permanent"  # bad input, authorisation, policy, unsupported: no retry
+    UNKNOWN_OUTCOME = "unknown_outcome"  # may have happened: reconcile, never retry blindly
+    INVALID_MODEL_OUTPUT = "invalid_model_output"  # schema-invalid proposal: small budget
+    UNCLASSIFIED = "unclassified"  # nobody said what this is: operator review
+
+
+RETRYABLE_KINDS = frozenset({ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED})
+
+
+class StepError(Exception):
+    """A classified failure of one step attempt."""
+
+    kind: ErrorKind = ErrorKind.UNCLASSIFIED
+
+    def __init__(self, message: str, *, retry_after: float | None = None, raw_output: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+        self.raw_output = raw_output
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TransientError(StepError):
+    kind = ErrorKind.TRANSIENT
+
+
+class RateLimited(StepError):
+    kind = ErrorKind.RATE_LIMITED
+
+
+class PermanentError(StepError):
+    kind = ErrorKind.PERMANENT
+
+
+class UnknownOutcome(StepError):
+    kind = ErrorKind.UNKNOWN_OUTCOME
+
+
+class InvalidModelOutput(StepError):
+    kind = ErrorKind.INVALID_MODEL_OUTPUT
+
+
+class UnclassifiedError(StepError):
+    kind = ErrorKind.UNCLASSIFIED
+
+
+def classify(exc: BaseException) -> StepError:
+    """Return ``exc`` if it is already classified, else wrap it as unclassified."""
+    if isinstance(exc, StepError):
+        return exc
+    error = UnclassifiedError(f"{type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+class EngineError(Exception):
+    """Base for refusals by the engine itself (not a step's failure)."""
+
+
+class InvalidTransition(EngineError):
+    """The requested transition is not allowed from the current state."""
+
+
+class LeaseLost(EngineError):
+    """Another executor owns the run now: the fenced write matched no row."""
+
+
+class StartConflict(EngineError):
+    """A run with this workflow id exists with a different input."""

@@ -1,0 +1,263 @@
+"""The executor: claims a run with a lease and advances it step by step.
+
+For each step: checkpoint the intent (commit), call, checkpoint the outcome (commit). No
+database lock is held across a remote call. A step found ``running`` when a run is taken
+over has an unknown outcome and is reconciled before anything else is written.
+
+The same ``advance`` runs in-process (``run_executor``) and inside a Celery task.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pydantic
+
+from . import clock, failpoints, transitions
+from .errors import ErrorKind, InvalidModelOutput, LeaseLost, PermanentError, StepError, UnknownOutcome, classify
+from .models import DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
+from .transitions import DONE_STEP_STATES, Lease
+from .workflow import Outcome, Reconcile, StepContext, StepSpec, Workflow, get_workflow, payload_hash
+
+log = logging.getLogger("recovery.executor")
+
+MAX_TRANSITIONS_PER_CLAIM = 200
+
+
+@dataclass
+class _Plan:
+    run: WorkflowRun
+    workflow: Workflow
+    steps: list[StepExecution]
+
+    def next_step(self) -> StepExecution | None:
+        return next((s for s in self.steps if s.state not in DONE_STEP_STATES), None)
+
+    def context(self, step: StepExecution) -> StepContext:
+        return StepContext(
+            workflow_id=self.run.workflow_id,
+            input=self.run.input,
+            step=step.step_name,
+            idempotency_key=step.idempotency_key,
+            results={s.step_name: s.result for s in self.steps if s.state == StepState.SUCCEEDED},
+            intent=step.intent,
+        )
+
+    def is_last(self, step: StepExecution) -> bool:
+        return all(s.state in DONE_STEP_STATES for s in self.steps if s.pk != step.pk)
+
+
+def advance(run_pk: int, *, owner: str | None = None) -> str | None:
+    """Advance one run as far as it can go now. Returns the run's state when this executor
+    let go of it, or None if the run was not claimable (someone else holds it, or it is not
+    due, or it is finished)."""
+    lease = transitions.run_claim(run_pk=run_pk, owner=owner)
+    if lease is None:
+        return None
+    try:
+        for _ in range(MAX_TRANSITIONS_PER_CLAIM):
+            plan = _load(lease)
+            if plan is None:
+                break
+            if not _step_once(lease, plan):
+                break
+        else:
+            transitions.run_release(lease=lease, reason="transition limit per claim reached; due again")
+    except LeaseLost as exc:
+        log.warning("stopped advancing: %s", exc)
+    return WorkflowRun.objects.filter(pk=run_pk).values_list("state", flat=True).first()
+
+
+def _load(lease: Lease) -> _Plan | None:
+    run = WorkflowRun.objects.filter(pk=lease.run_pk).first()
+    if run is None or run.lease_generation != lease.generation or run.state != RunState.RUNNING:
+        return None
+    return _Plan(run=run, workflow=get_workflow(run.workflow_name), steps=list(run.steps.order_by("position")))
+
+
+def _step_once(lease: Lease, plan: _Plan) -> bool:
+    """Make one transition. Returns False when this executor should let go of the run."""
+    step = plan.next_step()
+    if step is None:
+        transitions.run_complete(lease=lease)
+        return False
+    spec = plan.workflow.get_step(step.step_name)
+    now = clock.now()
+
+    if step.state == StepState.RUNNING:
+        # Its previous owner lost the lease mid-call: the call may or may not have happened.
+        transitions.step_mark_unknown(
+            lease=lease, step_name=step.step_name, spec=spec,
+            error=UnknownOutcome("the executor running this step was lost before recording its outcome"),
+        )
+        return True
+
+    if step.next_attempt_at is not None and step.next_attempt_at > now:
+        transitions.run_wait(lease=lease, wake_at=step.next_attempt_at, reason=f"{step.step_name}: not due yet")
+        return False
+
+    if step.state == StepState.UNKNOWN:
+        return _reconcile(lease, plan, spec, step)
+
+    _execute(lease, plan, spec, step)
+    return True
+
+
+def _reconcile(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> bool:
+    """Resolve an unknown outcome before anything else is written (rule 7)."""
+    if spec.reconcile in (Reconcile.RERUN, Reconcile.RESEND):
+        # Safe by declaration: re-running has no double effect, or the receiver keeps its
+        # first result for this key and replays it.
+        _execute(lease, plan, spec, step)
+        return True
+    if spec.reconcile == Reconcile.LOOKUP and spec.lookup_fn is not None:
+        try:
+            found = spec.lookup_fn(plan.context(step))
+        except failpoints.FailpointRaised:
+            raise
+        except Exception as exc:  # classified at the adapter boundary; see errors.classify
+            transitions.step_defer_reconcile(lease=lease, step_name=step.step_name, error=classify(exc), spec=spec)
+            return False
+        if found is None:
+            transitions.step_reset(
+                lease=lease, step_name=step.step_name,
+                reason="look-up by idempotency key found nothing: the call never took effect",
+            )
+            return True
+        transitions.step_succeed(
+            lease=lease, step_name=step.step_name, outcome=_as_outcome(found), complete_run=plan.is_last(step),
+            action="reconcile", reason="look-up by idempotency key found the remote object",
+        )
+        return True
+    transitions.run_review(
+        lease=lease, step_name=step.step_name, reason=f"{step.step_name}: outcome unknown, operator must reconcile"
+    )
+    return False
+
+
+def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> None:
+    name = step.step_name
+    failpoints.hit(name, "before_intent")
+    ctx = plan.context(step)
+
+    if spec.is_decision:
+        accepted = ModelDecision.objects.filter(
+            run_id=plan.run.pk, step_name=name, state=DecisionState.ACCEPTED
+        ).first()
+        if accepted is not None:
+            # A restart never changes a decision: reuse the accepted one (rule 4).
+            transitions.step_succeed(
+                lease=lease, step_name=name, complete_run=plan.is_last(step),
+                outcome=Outcome(remote_ref=f"decision v{accepted.version}", result=accepted.accepted),
+                action="decision_reused", reason=f"accepted decision v{accepted.version} reused",
+            )
+            return
+
+    try:
+        intent = spec.intent_fn(ctx) if spec.intent_fn else {}
+    except Exception as exc:
+        transitions.step_fail(lease=lease, step_name=name, spec=spec,
+                              error=PermanentError(f"could not build the step's intent: {classify(exc)}"))
+        return
+    request_hash = payload_hash(intent)
+    if step.request_hash and step.request_hash != request_hash:
+        # Stripe's rule: the same key with a different payload is a conflict, never a replay.
+        transitions.step_fail(
+            lease=lease, step_name=name, spec=spec,
+            error=PermanentError(
+                f"idempotency key {step.idempotency_key[:12]}… was already used with a different request; "
+                "a changed business action needs a new key version"
+            ),
+        )
+        return
+
+    transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
+    failpoints.hit(name, "before_call")
+    ctx = StepContext(**{**ctx.__dict__, "intent": intent})
+    error: StepError | None = None
+    raw: Any = None
+    try:
+        raw = spec.call(ctx)
+    except failpoints.FailpointRaised:
+        raise
+    except Exception as exc:
+        error = classify(exc)
+    failpoints.hit(name, "after_call")
+
+    decision: dict[str, Any] | None = None
+    if error is None and spec.is_decision:
+        try:
+            decision = _validate_decision(spec, raw)
+        except InvalidModelOutput as exc:
+            error = exc
+
+    if error is None:
+        outcome = Outcome(remote_ref="", result=decision) if decision is not None else _as_outcome(raw)
+        transitions.step_succeed(
+            lease=lease, step_name=name, outcome=outcome, complete_run=plan.is_last(step),
+            decision=decision, spec=spec,
+        )
+    elif error.kind == ErrorKind.UNKNOWN_OUTCOME:
+        transitions.step_mark_unknown(lease=lease, step_name=name, error=error, spec=spec)
+    else:
+        transitions.step_fail(lease=lease, step_name=name, error=error, spec=spec)
+    failpoints.hit(name, "after_outcome")
+
+
+def _validate_decision(spec: StepSpec, raw: Any) -> dict[str, Any]:
+    assert spec.decision_schema is not None
+    text = raw if isinstance(raw, str) else json.dumps(raw, default=str)
+    try:
+        data = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+        return spec.decision_schema.model_validate(data).model_dump(mode="json")
+    except (ValueError, pydantic.ValidationError) as exc:
+        raise InvalidModelOutput(f"model output does not match {spec.decision_schema.__name__}: {exc}"[:2000],
+                                 raw_output=text) from exc
+
+
+def _as_outcome(raw: Any) -> Outcome:
+    if isinstance(raw, Outcome):
+        return raw
+    if raw is None:
+        return Outcome()
+    if isinstance(raw, dict):
+        return Outcome(remote_ref=str(raw.get("remote_ref", raw.get("id", ""))), result=raw)
+    return Outcome(remote_ref="", result={"value": raw})
+
+
+# --- the embedded executor loop --------------------------------------------------------
+
+
+def due_run_ids(*, now: datetime | None = None, limit: int = 100) -> list[int]:
+    now = now or clock.now()
+    return list(
+        WorkflowRun.objects.filter(transitions.claimable(now)).order_by("next_wake_at", "pk").values_list("pk", flat=True)[:limit]
+    )
+
+
+def run_due(*, owner: str | None = None, limit: int = 100) -> int:
+    """Advance every run due now, once. Returns how many runs this executor advanced."""
+    advanced = 0
+    for run_pk in due_run_ids(limit=limit):
+        if advance(run_pk, owner=owner) is not None:
+            advanced += 1
+    return advanced
+
+
+def run_forever(*, until_idle: bool = False, poll_seconds: float = 1.0, owner: str | None = None) -> int:
+    """The embedded executor: advance due runs until stopped (or, with ``until_idle``, until
+    nothing is due now). Returns the number of runs advanced."""
+    total = 0
+    while True:
+        advanced = run_due(owner=owner)
+        total += advanced
+        if advanced:
+            continue
+        if until_idle:
+            return total
+        time.sleep(poll_seconds)

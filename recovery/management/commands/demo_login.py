@@ -1,0 +1,17 @@
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Create (or reset) the demo login for the embedded default and print it. Refused unless DJANGO_DEBUG is on."
+
+    def handle(self, *args, **options):
+        if not settings.DEBUG:
+            raise CommandError("demo_login only runs with DJANGO_DEBUG on; use createsuperuser in production")
+        User = get_user_model()
+        user, _ = User.objects.get_or_create(username="demo", defaults={"is_staff": True, "is_superuser": True})
+        user.is_staff = user.is_superuser = True
+        user.set_password("demo")
+        user.save()
+        self.stdout.write("demo login: user 'demo', password 'demo'")

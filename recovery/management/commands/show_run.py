@@ -1,0 +1,31 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from recovery.models import WorkflowRun
+from recovery.selectors import run_document
+
+
+class Command(BaseCommand):
+    help = "Show a run: state, steps (keys, remote references, errors) and audit trail."
+
+    def add_arguments(self, parser):
+        parser.add_argument("workflow_id")
+        parser.add_argument("--json", action="store_true", help="print JSON (SPEC §6 shape)")
+
+    def handle(self, *args, workflow_id, json: bool, **options):
+        try:
+            doc = run_document(workflow_id)
+        except WorkflowRun.DoesNotExist:
+            raise CommandError(f"no run {workflow_id!r}") from None
+        if json:
+            self.stdout.write(_dumps(doc))
+            return
+        self.stdout.write(f"{doc['workflow_id']}  {doc['state']}  {doc['status_reason']}")
+        for s in doc["steps"]:
+            err = f"  [{s['last_error_kind']}] {s['last_error']}" if s["last_error_kind"] else ""
+            self.stdout.write(f"  {s['name']:<28} {s['state']:<12} attempts={s['attempts']} ref={s['remote_ref'] or '-'}{err}")
+
+
+def _dumps(doc: dict) -> str:
+    return json.dumps(doc, indent=2)

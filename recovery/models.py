@@ -1,0 +1,159 @@
+"""The engine's durable state. Only ``recovery.transitions`` changes a run or a step."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from simple_history.models import HistoricalRecords
+
+from .errors import ErrorKind
+
+
+class RunState(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING = "waiting"  # a retry is scheduled
+    NEEDS_REVIEW = "needs_review"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+    TERMINATED = "terminated"
+
+
+class StepState(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+    SKIPPED = "skipped"
+
+
+class WorkflowRun(models.Model):
+    workflow_id = models.CharField(max_length=255, unique=True)
+    workflow_name = models.CharField(max_length=100)
+    workflow_version = models.PositiveIntegerField()
+    state = models.CharField(max_length=24, choices=RunState.choices, default=RunState.PENDING)
+    current_step = models.CharField(max_length=100, blank=True)
+    input = models.JSONField()
+    input_hash = models.CharField(max_length=64)
+    status_reason = models.TextField(blank=True)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_generation = models.BigIntegerField(default=0)
+    next_wake_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    history = HistoricalRecords(excluded_fields=["lease_expires_at"])
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["state", "next_wake_at"], name="run_due_idx"),
+            models.Index(fields=["state", "lease_expires_at"], name="run_lease_idx"),
+            models.Index(fields=["workflow_name", "state"], name="run_workflow_state_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.workflow_id
+
+
+class StepExecution(models.Model):
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    step_name = models.CharField(max_length=100)
+    position = models.PositiveSmallIntegerField()
+    state = models.CharField(max_length=24, choices=StepState.choices, default=StepState.PENDING)
+    key_version = models.PositiveIntegerField()
+    # Unique: an adapter's key -> remote object record can never be written twice.
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    intent = models.JSONField(null=True, blank=True)  # saved (committed) before the call
+    request_hash = models.CharField(max_length=64, blank=True)  # hash of the intent sent with the key
+    remote_ref = models.CharField(max_length=255, blank=True)  # saved as soon as the call returns
+    result = models.JSONField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    budget_start_attempt = models.PositiveIntegerField(default=0)  # attempts before the current budget
+    budget_started_at = models.DateTimeField(null=True, blank=True)
+    format_failures = models.PositiveIntegerField(default=0)  # schema-invalid model outputs
+    reconcile_attempts = models.PositiveIntegerField(default=0)  # failed look-ups of an unknown outcome
+    first_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error_kind = models.CharField(max_length=24, choices=ErrorKind.choices, blank=True)
+    last_error = models.TextField(blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["run", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step_name"], name="one_execution_per_step"),
+        ]
+        indexes = [models.Index(fields=["remote_ref"], name="step_remote_ref_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.step_name}"
+
+
+class DecisionState(models.TextChoices):
+    ACCEPTED = "accepted"
+    SUPERSEDED = "superseded"
+    INVALID = "invalid"  # a schema-invalid proposal, kept for diagnosis
+
+
+class ModelDecision(models.Model):
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="decisions")
+    step_name = models.CharField(max_length=100)
+    version = models.PositiveIntegerField()  # 0 for invalid outputs
+    state = models.CharField(max_length=12, choices=DecisionState.choices)
+    schema_version = models.PositiveIntegerField()
+    proposal = models.JSONField(null=True, blank=True)
+    accepted = models.JSONField(null=True, blank=True)
+    invalid_output = models.TextField(blank=True)
+    validation_error = models.TextField(blank=True)
+    superseded_reason = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["run", "step_name", "created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "step_name", "version"],
+                condition=~models.Q(state="invalid"),
+                name="one_decision_per_version",
+            ),
+            models.UniqueConstraint(
+                fields=["run", "step_name"],
+                condition=models.Q(state="accepted"),
+                name="one_accepted_decision_per_step",
+            ),
+        ]
+
+
+class AuditEvent(models.Model):
+    """Append-only: one row per transition, written in the transition's transaction."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="audit_events")
+    step_name = models.CharField(max_length=100, blank=True)
+    actor = models.CharField(max_length=150)  # a username, or "executor"
+    actor_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    action = models.CharField(max_length=50)
+    reason = models.TextField(blank=True)
+    before = models.JSONField(default=dict)
+    after = models.JSONField(default=dict)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["run", "at", "id"]
+        indexes = [models.Index(fields=["at"], name="audit_at_idx")]
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("audit events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        raise ValueError("audit events are append-only")

@@ -1,0 +1,25 @@
+"""Celery interfaces: thin wrappers that take ids and call the engine.
+
+``acks_late`` and ``reject_on_worker_lost`` are safe only because ``advance`` is idempotent
+and the database lease, not the broker, decides who owns a run. Attempts and retry times
+live in the database: no ``autoretry_for`` here.
+"""
+
+from celery import shared_task
+
+from . import executor
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def advance_run(run_pk: int) -> None:
+    executor.advance(run_pk)
+
+
+@shared_task(ignore_result=True)
+def sweep(limit: int = 500) -> int:
+    """Re-enqueue runs whose retry time came or whose lease expired: a lost broker message
+    delays work but never loses it; a duplicated one is refused by the lease."""
+    run_pks = executor.due_run_ids(limit=limit)
+    for run_pk in run_pks:
+        advance_run.delay(run_pk)
+    return len(run_pks)

@@ -1,0 +1,685 @@
+"""Transition functions: the only code that changes a run or a step.
+
+Each one runs in one ``transaction.atomic()``: it locks the run row (always the run first,
+then its steps), checks the allowed-transitions table, saves with ``update_fields`` and
+writes exactly one audit event with the state before and after. None does network I/O.
+
+Executor transitions take a ``Lease``: they write only while the run's
+``lease_generation`` is still the lease's (a fencing token), so a worker that wakes up after
+another executor took its run over cannot write anything (``LeaseLost``). Each fenced write
+also renews the lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Max, Q
+
+from . import clock
+from .errors import (
+    ErrorKind,
+    InvalidTransition,
+    LeaseLost,
+    StartConflict,
+    StepError,
+)
+from .models import AuditEvent, DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
+from .workflow import Outcome, Reconcile, StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
+
+log = logging.getLogger("recovery.transitions")
+
+EXECUTOR = "executor"
+
+# action -> (states it may start from, state it leads to)
+RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
+    "claim": (frozenset({RunState.PENDING, RunState.WAITING, RunState.RUNNING}), RunState.RUNNING),
+    "wait": (frozenset({RunState.RUNNING}), RunState.WAITING),
+    "release": (frozenset({RunState.RUNNING}), RunState.PENDING),
+    "complete": (frozenset({RunState.RUNNING}), RunState.COMPLETED),
+    "review": (frozenset({RunState.RUNNING}), RunState.NEEDS_REVIEW),
+    "fail": (frozenset({RunState.RUNNING}), RunState.FAILED),
+    "resume": (frozenset({RunState.NEEDS_REVIEW, RunState.FAILED, RunState.WAITING}), RunState.PENDING),
+    "terminate": (
+        frozenset(
+            {
+                RunState.PENDING,
+                RunState.RUNNING,
+                RunState.WAITING,
+                RunState.NEEDS_REVIEW,
+                RunState.FAILED,
+                RunState.COMPENSATION_FAILED,
+            }
+        ),
+        RunState.TERMINATED,
+    ),
+}
+
+STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
+    "begin": (frozenset({StepState.PENDING, StepState.FAILED, StepState.UNKNOWN}), StepState.RUNNING),
+    "succeed": (frozenset({StepState.RUNNING, StepState.UNKNOWN, StepState.PENDING}), StepState.SUCCEEDED),
+    "fail": (frozenset({StepState.RUNNING, StepState.PENDING}), StepState.FAILED),
+    "mark_unknown": (frozenset({StepState.RUNNING}), StepState.UNKNOWN),
+    "defer_reconcile": (frozenset({StepState.UNKNOWN}), StepState.UNKNOWN),
+    "reset": (frozenset({StepState.UNKNOWN, StepState.FAILED}), StepState.PENDING),
+}
+
+TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED})
+DONE_STEP_STATES = frozenset({StepState.SUCCEEDED, StepState.SKIPPED})
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_pk: int
+    owner: str
+    generation: int
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def lease_duration() -> timedelta:
+    return timedelta(seconds=settings.RECOVERY_LEASE_SECONDS)
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _check(table: dict, action: str, current: str, what: str) -> Any:
+    allowed, target = table[action]
+    if current not in allowed:
+        raise InvalidTransition(f"cannot {action.replace('_', ' ')} a {what} that is {current}")
+    return target
+
+
+def _actor_fields(actor: AbstractBaseUser | None) -> dict[str, Any]:
+    if actor is None:
+        return {"actor": EXECUTOR, "actor_user": None}
+    return {"actor": actor.get_username(), "actor_user": actor}
+
+
+def _audit(
+    run: WorkflowRun,
+    action: str,
+    *,
+    actor: AbstractBaseUser | None,
+    before: dict,
+    after: dict,
+    now: datetime,
+    step_name: str = "",
+    reason: str = "",
+) -> None:
+    AuditEvent.objects.create(
+        run=run, step_name=step_name, action=action, reason=reason, before=before, after=after, at=now,
+        **_actor_fields(actor),
+    )
+
+
+def _snap(run: WorkflowRun, step: StepExecution | None = None) -> dict[str, Any]:
+    snap: dict[str, Any] = {"run": run.state}
+    if step is not None:
+        snap["step"] = step.state
+        snap["attempts"] = step.attempts
+        if step.remote_ref:
+            snap["remote_ref"] = step.remote_ref
+        if step.last_error_kind:
+            snap["error_kind"] = step.last_error_kind
+    return snap
+
+
+def _history_user(obj: Any, actor: AbstractBaseUser | None) -> None:
+    # django-simple-history records who made a change only when told (no request under Celery).
+    obj._history_user = actor
+
+
+RUN_LEASE_FIELDS = ["state", "lease_owner", "lease_expires_at", "lease_generation", "next_wake_at", "updated_at"]
+
+
+def _locked_run(lease: Lease) -> WorkflowRun:
+    """Lock the run and check the fencing token. Raises LeaseLost if another executor took it."""
+    run = WorkflowRun.objects.select_for_update().filter(pk=lease.run_pk).first()
+    if run is None or run.lease_generation != lease.generation or run.state != RunState.RUNNING:
+        raise LeaseLost(f"lease {lease.generation} on run {lease.run_pk} is no longer held")
+    return run
+
+
+def _locked_step(run: WorkflowRun, step_name: str) -> StepExecution:
+    return StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+
+
+def _save_run(run: WorkflowRun, fields: list[str], now: datetime, actor: AbstractBaseUser | None = None) -> None:
+    run.updated_at = now
+    _history_user(run, actor)
+    run.save(update_fields=sorted({*fields, "updated_at"}))
+
+
+def _save_step(step: StepExecution, fields: list[str], now: datetime, actor: AbstractBaseUser | None = None) -> None:
+    step.updated_at = now
+    _history_user(step, actor)
+    step.save(update_fields=sorted({*fields, "updated_at"}))
+
+
+def _renew(run: WorkflowRun, now: datetime) -> None:
+    run.lease_expires_at = now + lease_duration()
+
+
+def _release_into(run: WorkflowRun, target: RunState, *, wake_at: datetime | None = None, reason: str = "") -> None:
+    run.state = target
+    run.lease_owner = ""
+    run.lease_expires_at = None
+    run.next_wake_at = wake_at
+    run.status_reason = reason
+
+
+def _enqueue_on_commit(run_pk: int) -> None:
+    if settings.RECOVERY_EXECUTOR == "celery":
+        from .tasks import advance_run
+
+        transaction.on_commit(lambda: advance_run.delay(run_pk))
+
+
+# --- starting a run --------------------------------------------------------------------
+
+
+def run_start(
+    *, workflow: Workflow | str, data: Any, actor: AbstractBaseUser | None = None, now: datetime | None = None
+) -> tuple[WorkflowRun, bool]:
+    """Create the run for a business event, or return the one that event already created.
+
+    The workflow id comes from the event, never from a worker or an attempt. The unique
+    constraint on ``workflow_id`` decides between concurrent starts, not a pre-check. The
+    same id with a different input is a conflict, never a silent replay.
+    """
+    wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
+    validated = wf.validate_input(data)
+    workflow_id = wf.workflow_id(validated)
+    input_hash = payload_hash(validated)
+    now = now or clock.now()
+    try:
+        with transaction.atomic():
+            run = WorkflowRun.objects.create(
+                workflow_id=workflow_id,
+                workflow_name=wf.name,
+                workflow_version=wf.version,
+                state=RunState.PENDING,
+                input=validated,
+                input_hash=input_hash,
+                created_at=now,
+                updated_at=now,
+            )
+            StepExecution.objects.bulk_create(
+                StepExecution(
+                    run=run,
+                    step_name=spec.name,
+                    position=spec.position,
+                    key_version=spec.key_version,
+                    idempotency_key=idempotency_key(workflow_id, spec.name, spec.key_version),
+                    updated_at=now,
+                )
+                for spec in wf.steps
+            )
+            _audit(run, "start", actor=actor, before={}, after=_snap(run), now=now)
+            _enqueue_on_commit(run.pk)
+    except IntegrityError:
+        run = WorkflowRun.objects.get(workflow_id=workflow_id)
+        if run.input_hash != input_hash:
+            raise StartConflict(
+                f"run {workflow_id} already exists with a different input; start a new business event instead"
+            ) from None
+        return run, False
+    return run, True
+
+
+# --- executor transitions --------------------------------------------------------------
+
+
+def claimable(now: datetime) -> Q:
+    """Runs an executor may take now: due and unowned, or owned by a lease that expired."""
+    unowned = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
+    due = Q(next_wake_at__isnull=True) | Q(next_wake_at__lte=now)
+    return (Q(state__in=[RunState.PENDING, RunState.WAITING]) & due & unowned) | Q(
+        state=RunState.RUNNING, lease_expires_at__lte=now
+    )
+
+
+def run_claim(*, run_pk: int, owner: str | None = None, now: datetime | None = None) -> Lease | None:
+    """Take the run with a fresh lease generation, or return None if it is not claimable
+    (another executor holds a live lease, it is not due, or it is finished)."""
+    now = now or clock.now()
+    owner = owner or default_owner()
+    with transaction.atomic():
+        qs = WorkflowRun.objects.filter(claimable(now), pk=run_pk)
+        qs = qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
+        run = qs.first()
+        if run is None:
+            return None
+        before = _snap(run)
+        action = "lease_takeover" if run.state == RunState.RUNNING else "claim"
+        if action == "lease_takeover":
+            before["lease_owner"] = run.lease_owner
+        run.state = _check(RUN_TRANSITIONS, "claim", run.state, "run")
+        run.lease_owner = owner
+        run.lease_generation += 1
+        run.next_wake_at = None
+        _renew(run, now)
+        _save_run(run, RUN_LEASE_FIELDS, now)
+        _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
+        return Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation)
+
+
+def step_begin(
+    *, lease: Lease, step_name: str, intent: dict[str, Any], request_hash: str, now: datetime | None = None
+) -> StepExecution:
+    """Checkpoint the validated intent before the call (rule 5): after this commit a crash
+    leaves evidence that the call may have been made."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        step.state = _check(STEP_TRANSITIONS, "begin", step.state, "step")
+        step.intent = intent
+        step.request_hash = request_hash
+        step.attempts += 1
+        step.first_attempt_at = step.first_attempt_at or now
+        step.budget_started_at = step.budget_started_at or now
+        step.last_attempt_at = now
+        step.next_attempt_at = None
+        _save_step(
+            step,
+            ["state", "intent", "request_hash", "attempts", "first_attempt_at", "budget_started_at",
+             "last_attempt_at", "next_attempt_at"],
+            now,
+        )
+        run.current_step = step_name
+        _renew(run, now)
+        _save_run(run, ["current_step", "lease_expires_at"], now)
+        _audit(run, "step_begin", actor=None, step_name=step_name, before=before, after=_snap(run, step), now=now)
+        return step
+
+
+def step_succeed(
+    *,
+    lease: Lease,
+    step_name: str,
+    outcome: Outcome,
+    complete_run: bool = False,
+    decision: dict[str, Any] | None = None,
+    spec: StepSpec | None = None,
+    action: str = "step_succeed",
+    reason: str = "",
+    now: datetime | None = None,
+) -> StepExecution:
+    """Checkpoint the observed result as soon as the call returns. ``decision`` (a model
+    step's validated proposal) is accepted in the same transaction; ``complete_run`` marks
+    the run completed in it too when this was the last step."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+        step.remote_ref = outcome.remote_ref
+        step.result = outcome.result
+        step.next_attempt_at = None
+        _save_step(step, ["state", "remote_ref", "result", "next_attempt_at"], now)
+        if decision is not None:
+            assert spec is not None and spec.is_decision
+            latest = ModelDecision.objects.filter(run=run, step_name=step_name).aggregate(v=Max("version"))["v"] or 0
+            ModelDecision.objects.create(
+                run=run,
+                step_name=step_name,
+                version=latest + 1,
+                state=DecisionState.ACCEPTED,
+                schema_version=spec.schema_version,
+                proposal=decision,
+                accepted=decision,
+                created_at=now,
+            )
+        fields = ["current_step", "lease_expires_at"]
+        run.current_step = step_name
+        _renew(run, now)
+        if complete_run:
+            _check(RUN_TRANSITIONS, "complete", run.state, "run")
+            _release_into(run, RunState.COMPLETED)
+            run.current_step = ""
+            fields += RUN_LEASE_FIELDS + ["status_reason"]
+        _save_run(run, fields, now)
+        _audit(run, action, actor=None, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now)
+        return step
+
+
+def step_fail(
+    *, lease: Lease, step_name: str, error: StepError, spec: StepSpec, now: datetime | None = None
+) -> StepExecution:
+    """Record a failed attempt and decide what follows, by the error's kind and the step's
+    budget: a scheduled retry (run waiting), a permanent stop (run failed, the transient
+    budget untouched), or review (budget exhausted, unclassified, or too many invalid model
+    outputs — the bad output kept when the step allows)."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        step.state = _check(STEP_TRANSITIONS, "fail", step.state, "step")
+        step.last_error_kind = error.kind
+        step.last_error = error.message[:4000]
+        step.next_attempt_at = None
+        step_fields = ["state", "last_error_kind", "last_error", "next_attempt_at"]
+        policy = spec.retry
+        delay: float | None = None
+        if error.kind == ErrorKind.INVALID_MODEL_OUTPUT:
+            step.format_failures += 1
+            step_fields.append("format_failures")
+            ModelDecision.objects.create(
+                run=run,
+                step_name=step_name,
+                version=0,
+                state=DecisionState.INVALID,
+                schema_version=spec.schema_version,
+                invalid_output=(error.raw_output or "")[:20000] if spec.keep_invalid_output else "",
+                validation_error=error.message[:4000],
+                created_at=now,
+            )
+            if step.format_failures < policy.maximum_format_failures:
+                delay = policy.backoff(step.format_failures)
+            outcome, why = RunState.NEEDS_REVIEW, f"model output invalid {step.format_failures} times"
+        elif error.kind == ErrorKind.PERMANENT or error.kind in policy.non_retryable_kinds:
+            outcome, why = RunState.FAILED, f"{step_name}: permanent error, not retried: {error.message}"
+        elif policy.retries(error.kind):
+            elapsed = (now - step.budget_started_at).total_seconds() if step.budget_started_at else 0.0
+            delay = policy.next_delay(step.attempts - step.budget_start_attempt, error, elapsed=elapsed)
+            outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: retry budget exhausted: {error.message}"
+        else:
+            outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: {error.kind} error needs review: {error.message}"
+
+        fields = ["lease_expires_at", "current_step", "status_reason"]
+        if delay is not None:
+            step.next_attempt_at = now + timedelta(seconds=delay)
+            _check(RUN_TRANSITIONS, "wait", run.state, "run")
+            _release_into(run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: retry scheduled")
+        else:
+            _check(RUN_TRANSITIONS, "review" if outcome == RunState.NEEDS_REVIEW else "fail", run.state, "run")
+            _release_into(run, outcome, reason=why)
+        _save_step(step, step_fields, now)
+        run.current_step = step_name
+        _save_run(run, fields + RUN_LEASE_FIELDS, now)
+        _audit(run, "step_fail", actor=None, step_name=step_name, reason=error.message[:1000],
+               before=before, after=_snap(run, step), now=now)
+        return step
+
+
+def step_mark_unknown(
+    *, lease: Lease, step_name: str, error: StepError, spec: StepSpec, now: datetime | None = None
+) -> StepExecution:
+    """The call may have happened and nobody can prove it either way (rule 7). Never
+    relabelled as failed: it is reconciled next, or goes to an operator when the step has
+    no automatic way to find out."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        step.state = _check(STEP_TRANSITIONS, "mark_unknown", step.state, "step")
+        step.last_error_kind = ErrorKind.UNKNOWN_OUTCOME
+        step.last_error = error.message[:4000]
+        _save_step(step, ["state", "last_error_kind", "last_error"], now)
+        if spec.reconcile in (None, Reconcile.OPERATOR):
+            _check(RUN_TRANSITIONS, "review", run.state, "run")
+            _release_into(run, RunState.NEEDS_REVIEW, reason=f"{step_name}: outcome unknown, operator must reconcile")
+            _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        else:
+            _renew(run, now)
+            _save_run(run, ["lease_expires_at"], now)
+        _audit(run, "step_unknown", actor=None, step_name=step_name, reason=error.message[:1000],
+               before=before, after=_snap(run, step), now=now)
+        return step
+
+
+def step_reset(*, lease: Lease, step_name: str, reason: str, now: datetime | None = None) -> StepExecution:
+    """A look-up proved the unknown call never took effect: the step may be performed."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        step.state = _check(STEP_TRANSITIONS, "reset", step.state, "step")
+        step.next_attempt_at = None
+        _save_step(step, ["state", "next_attempt_at"], now)
+        _renew(run, now)
+        _save_run(run, ["lease_expires_at"], now)
+        _audit(run, "reconcile", actor=None, step_name=step_name, reason=reason, before=before,
+               after=_snap(run, step), now=now)
+        return step
+
+
+def step_defer_reconcile(
+    *, lease: Lease, step_name: str, error: StepError, spec: StepSpec, now: datetime | None = None
+) -> StepExecution:
+    """The look-up of an unknown outcome failed: the step stays unknown (never failed). A
+    retryable failure schedules another look-up within the step's budget; anything else,
+    or an exhausted budget, goes to review."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        step.state = _check(STEP_TRANSITIONS, "defer_reconcile", step.state, "step")
+        step.reconcile_attempts += 1
+        step.last_error = f"reconcile failed: {error.message}"[:4000]
+        delay = spec.retry.next_delay(step.reconcile_attempts, error)
+        if delay is None:
+            step.next_attempt_at = None
+            _check(RUN_TRANSITIONS, "review", run.state, "run")
+            _release_into(run, RunState.NEEDS_REVIEW, reason=f"{step_name}: outcome unknown and look-up failed")
+        else:
+            step.next_attempt_at = now + timedelta(seconds=delay)
+            _check(RUN_TRANSITIONS, "wait", run.state, "run")
+            _release_into(run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: look-up retry scheduled")
+        _save_step(step, ["state", "reconcile_attempts", "last_error", "next_attempt_at"], now)
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        _audit(run, "reconcile_deferred", actor=None, step_name=step_name, reason=error.message[:1000],
+               before=before, after=_snap(run, step), now=now)
+        return step
+
+
+def run_wait(*, lease: Lease, wake_at: datetime, reason: str, now: datetime | None = None) -> None:
+    """Nothing is due before ``wake_at``: give the run back with its wake-up time."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "wait", run.state, "run")
+        _release_into(run, RunState.WAITING, wake_at=wake_at, reason=reason)
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        _audit(run, "wait", actor=None, reason=reason, before=before, after=_snap(run), now=now)
+
+
+def run_release(*, lease: Lease, reason: str, now: datetime | None = None) -> None:
+    """Give the run back, due at once (the executor stopped early by choice)."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "release", run.state, "run")
+        _release_into(run, RunState.PENDING, reason=reason)
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        _audit(run, "release", actor=None, reason=reason, before=before, after=_snap(run), now=now)
+
+
+def run_complete(*, lease: Lease, now: datetime | None = None) -> None:
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "complete", run.state, "run")
+        _release_into(run, RunState.COMPLETED)
+        run.current_step = ""
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason", "current_step"], now)
+        _audit(run, "complete", actor=None, before=before, after=_snap(run), now=now)
+
+
+def run_review(*, lease: Lease, reason: str, step_name: str = "", now: datetime | None = None) -> None:
+    """Stop and hand the run to an operator (a conflict the executor must not resolve)."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "review", run.state, "run")
+        _release_into(run, RunState.NEEDS_REVIEW, reason=reason)
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        _audit(run, "review", actor=None, step_name=step_name, reason=reason, before=before, after=_snap(run), now=now)
+
+
+# --- operator transitions --------------------------------------------------------------
+
+
+def _locked_run_by_id(workflow_id: str) -> WorkflowRun:
+    run = WorkflowRun.objects.select_for_update().filter(workflow_id=workflow_id).first()
+    if run is None:
+        raise WorkflowRun.DoesNotExist(f"no run {workflow_id!r}")
+    return run
+
+
+def _require_reason(reason: str) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise InvalidTransition("a reason is required")
+    return reason
+
+
+def _live_lease(run: WorkflowRun, now: datetime) -> bool:
+    return run.state == RunState.RUNNING and run.lease_expires_at is not None and run.lease_expires_at > now
+
+
+def run_resume(*, workflow_id: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None) -> WorkflowRun:
+    """Resume from the last checkpoint: the run becomes due now; every succeeded step is kept
+    and a blocked step gets a fresh retry budget. A finished run refuses (rule 12)."""
+    reason = _require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id)
+        if run.state in TERMINAL_RUN_STATES:
+            raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be resumed")
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "resume", run.state, "run")
+        for step in StepExecution.objects.select_for_update().filter(run=run, state=StepState.FAILED):
+            _fresh_budget(step)
+            step.state = StepState.PENDING
+            _save_step(step, ["state", "budget_start_attempt", "budget_started_at", "format_failures",
+                              "reconcile_attempts", "next_attempt_at"], now, actor)
+        for step in StepExecution.objects.select_for_update().filter(run=run, state=StepState.UNKNOWN):
+            _fresh_budget(step)
+            _save_step(step, ["budget_start_attempt", "budget_started_at", "format_failures",
+                              "reconcile_attempts", "next_attempt_at"], now, actor)
+        _release_into(run, RunState.PENDING, reason=f"resumed by {_actor_fields(actor)['actor']}")
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        _audit(run, "resume", actor=actor, reason=reason, before=before, after=_snap(run), now=now)
+        _enqueue_on_commit(run.pk)
+        return run
+
+
+def _fresh_budget(step: StepExecution) -> None:
+    step.budget_start_attempt = step.attempts
+    step.budget_started_at = None
+    step.format_failures = 0
+    step.reconcile_attempts = 0
+    step.next_attempt_at = None
+
+
+def step_retry(
+    *, workflow_id: str, step_name: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+) -> WorkflowRun:
+    """Retry one failed step now, with a fresh budget. The same idempotency key is sent
+    again: an operator's retry never bypasses idempotency. An unknown step is not retried
+    blindly: it is reconciled first, as the executor would."""
+    reason = _require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id)
+        if run.state in TERMINAL_RUN_STATES:
+            raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be retried")
+        if _live_lease(run, now):
+            raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
+        step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
+        if step is None:
+            raise InvalidTransition(f"run {workflow_id} has no step {step_name!r}")
+        if step.state not in (StepState.FAILED, StepState.UNKNOWN):
+            raise InvalidTransition(f"step {step_name} is {step.state}; only a failed or unknown step can be retried")
+        before = _snap(run, step)
+        _fresh_budget(step)
+        if step.state == StepState.FAILED:
+            step.state = StepState.PENDING
+        _save_step(step, ["state", "budget_start_attempt", "budget_started_at", "format_failures",
+                          "reconcile_attempts", "next_attempt_at"], now, actor)
+        _release_into(run, RunState.PENDING, reason=f"{step_name}: retry requested")
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        _audit(run, "retry", actor=actor, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now)
+        _enqueue_on_commit(run.pk)
+        return run
+
+
+def run_terminate(*, workflow_id: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None) -> WorkflowRun:
+    """Stop the run for good. Effects already made stay made (compensate them explicitly);
+    a live executor's next fenced write fails, so it cannot continue."""
+    reason = _require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id)
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "terminate", run.state, "run")
+        _release_into(run, RunState.TERMINATED, reason=reason)
+        run.lease_generation += 1  # fence out any executor still holding a lease
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        _audit(run, "terminate", actor=actor, reason=reason, before=before, after=_snap(run), now=now)
+        return run
+
+
+def decision_supersede(
+    *, workflow_id: str, step_name: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+) -> WorkflowRun:
+    """Set aside the accepted model decision so that the step decides again, as a new
+    version (rule 4: a new decision needs a recorded reason). Only before any later step
+    has used it."""
+    reason = _require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id)
+        if run.state in TERMINAL_RUN_STATES or _live_lease(run, now):
+            raise InvalidTransition(f"run {workflow_id} is {run.state}; a decision can only be replaced on a stopped run")
+        decision = ModelDecision.objects.select_for_update().filter(
+            run=run, step_name=step_name, state=DecisionState.ACCEPTED
+        ).first()
+        if decision is None:
+            raise InvalidTransition(f"step {step_name} has no accepted decision")
+        step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        later = StepExecution.objects.filter(run=run, position__gt=step.position).exclude(state=StepState.PENDING)
+        if later.exists():
+            raise InvalidTransition("a later step already acted on this decision; compensate it first")
+        before = {**_snap(run, step), "decision_version": decision.version}
+        decision.state = DecisionState.SUPERSEDED
+        decision.superseded_reason = reason
+        decision.save(update_fields=["state", "superseded_reason"])
+        step.state = StepState.PENDING
+        step.remote_ref = ""
+        step.result = None
+        _fresh_budget(step)
+        _save_step(step, ["state", "remote_ref", "result", "budget_start_attempt", "budget_started_at",
+                          "format_failures", "reconcile_attempts", "next_attempt_at"], now, actor)
+        if run.state != RunState.PENDING:
+            _release_into(run, RunState.PENDING, reason=f"{step_name}: decision superseded")
+            _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        _audit(run, "decision_supersede", actor=actor, step_name=step_name, reason=reason, before=before,
+               after=_snap(run, step), now=now)
+        _enqueue_on_commit(run.pk)
+        return run
+

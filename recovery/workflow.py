@@ -1,0 +1,246 @@
+"""Declaring a workflow: ordered steps, each with its recovery contract.
+
+    orders = Workflow("orders", version=1, workflow_id=lambda i: f"order:{i['tenant']}:{i['order_id']}")
+
+    @orders.step(effect="creates a task in the tracker", rerun=Rerun.NO, key_version=1,
+                 reconcile=Reconcile.LOOKUP, retry=RetryPolicy(maximum_attempts=5))
+    def create_task(ctx):
+        return tracker.create(ctx.intent, idempotency_key=ctx.idempotency_key)
+
+    @create_task.intent
+    def _(ctx):
+        return {"title": f"Approve {ctx.input['order_id']}"}
+
+    @create_task.lookup
+    def _(ctx):
+        return tracker.find_by_key(ctx.idempotency_key)   # an Outcome, or None if it never happened
+
+The engine reads this declaration; the recovery contract table is derived from it, and
+``manage.py check`` refuses a workflow whose unsafe step has no unknown-outcome path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+from django.db import models
+
+from .retries import DEFAULT_POLICY, RetryPolicy
+
+
+class Rerun(models.TextChoices):
+    YES = "yes"
+    USUALLY = "usually"
+    NO = "no"
+
+
+class Reconcile(models.TextChoices):
+    """How an unknown outcome of this step is resolved."""
+
+    RERUN = "rerun", "re-run: the step has no external effect that a repeat could double"
+    LOOKUP = "lookup", "look up the remote object by idempotency key"
+    RESEND = "resend", "resend with the same key; the receiver keeps its first result"
+    OPERATOR = "operator", "operator review"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a side-effecting call observably produced."""
+
+    remote_ref: str = ""
+    result: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step sees: the run's identity and input, earlier results, its own key and intent."""
+
+    workflow_id: str
+    input: dict[str, Any]
+    step: str
+    idempotency_key: str
+    results: dict[str, Any]
+    intent: dict[str, Any] | None = None
+
+    def result(self, step: str) -> Any:
+        return self.results[step]
+
+
+def idempotency_key(workflow_id: str, step: str, key_version: int) -> str:
+    """``hash(workflow_id:step:vN)``: the same for every attempt, process and operator click."""
+    return hashlib.sha256(f"{workflow_id}:{step}:v{key_version}".encode()).hexdigest()
+
+
+def payload_hash(payload: Any) -> str:
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass
+class StepSpec:
+    name: str
+    call: Callable[[StepContext], Any]
+    effect: str
+    rerun: Rerun
+    key_version: int
+    retry: RetryPolicy
+    reconcile: Reconcile | None
+    position: int
+    decision_schema: type[pydantic.BaseModel] | None = None
+    schema_version: int = 1
+    keep_invalid_output: bool = True
+    intent_fn: Callable[[StepContext], dict[str, Any]] | None = None
+    lookup_fn: Callable[[StepContext], Outcome | None] | None = None
+    compensation_fn: Callable[[StepContext], Any] | None = None
+
+    # decorators, in the style of property setters
+    def intent(self, fn: Callable[[StepContext], dict[str, Any]]) -> Callable:
+        self.intent_fn = fn
+        return fn
+
+    def lookup(self, fn: Callable[[StepContext], Outcome | None]) -> Callable:
+        self.lookup_fn = fn
+        return fn
+
+    def compensate(self, fn: Callable[[StepContext], Any]) -> Callable:
+        self.compensation_fn = fn
+        return fn
+
+    @property
+    def is_decision(self) -> bool:
+        return self.decision_schema is not None
+
+    def contract_row(self) -> dict[str, Any]:
+        return {
+            "step": self.name,
+            "side_effect": self.effect,
+            "safe_to_rerun": str(self.rerun),
+            "recovery_rule": Reconcile(self.reconcile).label if self.reconcile else "none declared",
+            "retry_policy": self.retry.as_text(),
+            "key_version": self.key_version,
+            "decision_schema": f"{self.decision_schema.__name__} v{self.schema_version}" if self.decision_schema else "",
+            "compensation": self.compensation_fn.__name__ if self.compensation_fn else "",
+        }
+
+
+class Workflow:
+    def __init__(
+        self,
+        name: str,
+        *,
+        version: int,
+        workflow_id: Callable[[dict[str, Any]], str],
+        input_schema: type[pydantic.BaseModel] | None = None,
+        description: str = "",
+    ):
+        self.name = name
+        self.version = version
+        self._workflow_id = workflow_id
+        self.input_schema = input_schema
+        self.description = description
+        self.steps: list[StepSpec] = []
+        register(self)
+
+    def step(
+        self,
+        *,
+        effect: str = "none",
+        rerun: Rerun = Rerun.YES,
+        key_version: int = 1,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        reconcile: Reconcile | None = None,
+        name: str | None = None,
+    ) -> Callable[[Callable], StepSpec]:
+        """Declare the next step. A step safe to re-run reconciles by re-running by default."""
+        if reconcile is None and rerun == Rerun.YES:
+            reconcile = Reconcile.RERUN
+
+        def decorate(fn: Callable) -> StepSpec:
+            spec = StepSpec(
+                name=name or fn.__name__,
+                call=fn,
+                effect=effect,
+                rerun=Rerun(rerun),
+                key_version=key_version,
+                retry=retry,
+                reconcile=Reconcile(reconcile) if reconcile else None,
+                position=len(self.steps),
+            )
+            if any(s.name == spec.name for s in self.steps):
+                raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")
+            self.steps.append(spec)
+            return spec
+
+        return decorate
+
+    def decision(
+        self,
+        *,
+        schema: type[pydantic.BaseModel],
+        schema_version: int = 1,
+        effect: str = "provider usage, generated output",
+        retry: RetryPolicy = DEFAULT_POLICY,
+        keep_invalid_output: bool = True,
+        name: str | None = None,
+    ) -> Callable[[Callable], StepSpec]:
+        """Declare a model step. It returns a *proposal* (JSON text or a dict); the engine
+        validates it against ``schema``, stores the accepted decision before any later
+        step can use it, and reuses it on every re-run."""
+
+        def decorate(fn: Callable) -> StepSpec:
+            spec = self.step(effect=effect, rerun=Rerun.USUALLY, reconcile=Reconcile.RERUN, retry=retry, name=name)(fn)
+            spec.decision_schema = schema
+            spec.schema_version = schema_version
+            spec.keep_invalid_output = keep_invalid_output
+            return spec
+
+        return decorate
+
+    def workflow_id(self, data: dict[str, Any]) -> str:
+        return self._workflow_id(data)
+
+    def validate_input(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise ValueError("workflow input must be a JSON object")
+        if self.input_schema is None:
+            return data
+        return self.input_schema.model_validate(data).model_dump(mode="json")
+
+    def get_step(self, name: str) -> StepSpec:
+        for spec in self.steps:
+            if spec.name == name:
+                return spec
+        raise LookupError(f"workflow {self.name!r} has no step {name!r}")
+
+    def contract(self) -> list[dict[str, Any]]:
+        return [spec.contract_row() for spec in self.steps]
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name} v{self.version}>"
+
+
+_REGISTRY: dict[str, Workflow] = {}
+
+
+def register(workflow: Workflow) -> None:
+    existing = _REGISTRY.get(workflow.name)
+    if existing is not None and existing is not workflow:
+        raise ValueError(f"a workflow named {workflow.name!r} is already registered")
+    _REGISTRY[workflow.name] = workflow
+
+
+def get_workflow(name: str) -> Workflow:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise LookupError(f"unknown workflow {name!r} (registered: {known})") from None
+
+
+def all_workflows() -> list[Workflow]:
+    return [_REGISTRY[name] for name in sorted(_REGISTRY)]

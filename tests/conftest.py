@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from recovery import clock as engine_clock
+from recovery.executor import advance
+from recovery.models import RunState, WorkflowRun
+from tests.support import receivers
+
+
+class MovableClock:
+    """The engine's clock, under the test's control."""
+
+    def __init__(self) -> None:
+        self.current = timezone.now()
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float) -> None:
+        self.current += timedelta(seconds=seconds)
+
+    def set(self, when: datetime) -> None:
+        self.current = max(self.current, when)
+
+
+@pytest.fixture
+def clock(monkeypatch) -> MovableClock:
+    c = MovableClock()
+    monkeypatch.setattr(engine_clock, "now", c.now)
+    return c
+
+
+@pytest.fixture(autouse=True)
+def _clean_receivers():
+    receivers.clear()
+    receivers.MODEL_SCRIPT.clear()
+    yield
+    receivers.clear()
+    receivers.MODEL_SCRIPT.clear()
+
+
+@pytest.fixture
+def postgres_only():
+    if connection.vendor != "postgresql":
+        pytest.skip("needs real concurrency: runs on PostgreSQL (set DATABASE_URL=postgres://…)")
+
+
+def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 60) -> WorkflowRun:
+    """Advance a run the way production would: a retry waits until its time comes; a run
+    left `running` by a crashed worker is taken over once its lease expires."""
+    for _ in range(max_rounds):
+        advance(run.pk, owner="test-executor")
+        run.refresh_from_db()
+        if run.state == RunState.WAITING:
+            clock.set(run.next_wake_at)
+        elif run.state == RunState.RUNNING:
+            clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
+        elif run.state != RunState.PENDING:
+            return run
+    raise AssertionError(f"run {run.workflow_id} did not come to rest: {run.state}")
+
+
+def lease_expired_running_steps() -> list:
+    """Steps `running` whose run's lease has expired (SPEC §4: none may exist at rest)."""
+    from recovery.models import StepExecution, StepState
+
+    now = engine_clock.now()
+    return list(
+        StepExecution.objects.filter(state=StepState.RUNNING).exclude(run__lease_expires_at__gt=now)
+    )
+
+
+def assert_invariants() -> None:
+    """After every failure test: nothing `running` past its lease, and every succeeded
+    side-effecting step keeps its remote reference."""
+    from recovery.models import StepExecution, StepState
+
+    assert lease_expired_running_steps() == []
+    for step in StepExecution.objects.filter(state=StepState.SUCCEEDED, step_name__in=["create_task", "notify", "post_entry"]):
+        assert step.remote_ref, f"{step} succeeded without a remote reference"

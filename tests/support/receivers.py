@@ -1,0 +1,111 @@
+"""Counting receivers for engine tests, with scripted faults.
+
+- tasks honour an idempotency key: the first result is kept and replayed; the same key
+  with a different payload is refused (422).
+- messages do not honour keys: every send is a new message; they can be found by the
+  client reference we send.
+- ledger entries need a unique reference: a duplicate is refused (409); look-up by reference.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+
+from django.db import IntegrityError, transaction
+
+from recovery.errors import PermanentError, RateLimited, TransientError, UnknownOutcome
+from recovery.workflow import Outcome, payload_hash
+
+from .models import RemoteObject
+
+# kind -> queue of faults for the next calls: "fail_before_commit", "commit_then_drop",
+# "rate_limit", "forbidden", "unavailable"
+FAULTS: dict[str, deque] = defaultdict(deque)
+RETRY_AFTER = 7.0
+
+
+def arm(kind: str, mode: str, times: int = 1) -> None:
+    FAULTS[kind].extend([mode] * times)
+
+
+def clear() -> None:
+    FAULTS.clear()
+
+
+def counts() -> dict[str, int]:
+    out = {"task": 0, "message": 0, "ledger": 0, "model_call": 0}
+    for kind in out:
+        out[kind] = RemoteObject.objects.filter(kind=kind).count()
+    return out
+
+
+def _before(kind: str) -> str | None:
+    mode = FAULTS[kind].popleft() if FAULTS[kind] else None
+    if mode == "fail_before_commit":
+        raise TransientError(f"{kind}: 500 before commit")
+    if mode == "unavailable":
+        raise TransientError(f"{kind}: 503 service unavailable")
+    if mode == "rate_limit":
+        raise RateLimited(f"{kind}: 429 too many requests", retry_after=RETRY_AFTER)
+    if mode == "forbidden":
+        raise PermanentError(f"{kind}: 403 forbidden")
+    return mode
+
+
+def _after(kind: str, mode: str | None) -> None:
+    if mode == "commit_then_drop":
+        raise UnknownOutcome(f"{kind}: timed out after the request was sent")
+
+
+def create_task(*, key: str, payload: dict) -> Outcome:
+    mode = _before("task")
+    try:
+        with transaction.atomic():
+            obj = RemoteObject.objects.create(kind="task", dedupe_key=key, payload=payload)
+    except IntegrityError:
+        obj = RemoteObject.objects.get(kind="task", dedupe_key=key)
+        if payload_hash(obj.payload) != payload_hash(payload):
+            raise PermanentError("tasks: 422 idempotency key reused with a different payload") from None
+    _after("task", mode)
+    return Outcome(remote_ref=f"task-{obj.pk}", result={"task_id": obj.pk})
+
+
+def send_message(*, client_ref: str, payload: dict) -> Outcome:
+    mode = _before("message")
+    obj = RemoteObject.objects.create(kind="message", client_ref=client_ref, payload=payload)
+    _after("message", mode)
+    return Outcome(remote_ref=f"msg-{obj.pk}", result={"message_id": obj.pk})
+
+
+def find_message(*, client_ref: str) -> Outcome | None:
+    obj = RemoteObject.objects.filter(kind="message", client_ref=client_ref).order_by("pk").first()
+    return Outcome(remote_ref=f"msg-{obj.pk}", result={"message_id": obj.pk}) if obj else None
+
+
+def post_entry(*, reference: str, payload: dict) -> Outcome:
+    mode = _before("ledger")
+    try:
+        with transaction.atomic():
+            obj = RemoteObject.objects.create(kind="ledger", dedupe_key=reference, payload=payload)
+    except IntegrityError:
+        raise PermanentError(f"ledger: 409 reference {reference} already posted") from None
+    _after("ledger", mode)
+    return Outcome(remote_ref=f"entry-{obj.pk}", result={"entry_id": obj.pk})
+
+
+def find_entry(*, reference: str) -> Outcome | None:
+    obj = RemoteObject.objects.filter(kind="ledger", dedupe_key=reference).first()
+    return Outcome(remote_ref=f"entry-{obj.pk}", result={"entry_id": obj.pk}) if obj else None
+
+
+# --- a scripted model ------------------------------------------------------------------
+# Outputs to return next (raw text); when empty, the model answers deterministically.
+MODEL_SCRIPT: deque[str] = deque()
+
+
+def model_propose(text: str) -> str:
+    RemoteObject.objects.create(kind="model_call", payload={"text": text})
+    if MODEL_SCRIPT:
+        return MODEL_SCRIPT.popleft()
+    amount = sum(int(tok) for tok in text.split() if tok.isdigit())
+    return '{"category": "%s", "amount": %d, "approver": "alice"}' % ("travel" if "trip" in text else "office", amount)

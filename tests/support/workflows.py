@@ -1,0 +1,90 @@
+"""A test workflow exercising every recovery path, with counting receivers.
+
+read -> decide (model) -> create_task (receiver honours keys: resend) ->
+notify (receiver does not: look up by client reference) -> post_entry (unique reference: look up).
+"""
+
+from pydantic import BaseModel, Field
+
+from recovery.retries import RetryPolicy
+from recovery.workflow import Reconcile, Rerun, Workflow
+
+from . import receivers
+
+
+class Event(BaseModel):
+    tenant: str
+    order_id: str
+    text: str = "office chairs 120"
+
+
+class Decision(BaseModel):
+    category: str = Field(pattern="^(office|travel)$")
+    amount: int = Field(ge=0)
+    approver: str
+
+
+FAST = RetryPolicy(initial_interval=1, backoff_coefficient=2, maximum_interval=30, maximum_attempts=4,
+                   maximum_elapsed=600, jitter=0.1, maximum_format_failures=2)
+
+orders = Workflow(
+    "test_orders", version=1, input_schema=Event,
+    workflow_id=lambda i: f"order:{i['tenant']}:{i['order_id']}",
+    description="engine test workflow",
+)
+
+
+@orders.step(effect="none", rerun=Rerun.YES, retry=FAST)
+def read(ctx):
+    return {"text": ctx.input["text"].strip()}
+
+
+@orders.decision(schema=Decision, retry=FAST)
+def decide(ctx):
+    return receivers.model_propose(ctx.intent["text"])
+
+
+@decide.intent
+def _(ctx):
+    return {"text": ctx.result("read")["text"]}
+
+
+@orders.step(effect="a new task in the tracker", rerun=Rerun.NO, reconcile=Reconcile.RESEND, retry=FAST)
+def create_task(ctx):
+    return receivers.create_task(key=ctx.idempotency_key, payload=ctx.intent)
+
+
+@create_task.intent
+def _(ctx):
+    d = ctx.result("decide")
+    return {"title": f"Approve {ctx.input['order_id']}", "approver": d["approver"], "amount": d["amount"]}
+
+
+@orders.step(effect="a message to the approver", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST)
+def notify(ctx):
+    return receivers.send_message(client_ref=ctx.idempotency_key, payload=ctx.intent)
+
+
+@notify.intent
+def _(ctx):
+    return {"to": ctx.result("decide")["approver"], "task": ctx.result("create_task")["task_id"]}
+
+
+@notify.lookup
+def _(ctx):
+    return receivers.find_message(client_ref=ctx.idempotency_key)
+
+
+@orders.step(effect="a ledger entry", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST)
+def post_entry(ctx):
+    return receivers.post_entry(reference=ctx.workflow_id, payload=ctx.intent)
+
+
+@post_entry.intent
+def _(ctx):
+    return {"amount": ctx.result("decide")["amount"], "category": ctx.result("decide")["category"]}
+
+
+@post_entry.lookup
+def _(ctx):
+    return receivers.find_entry(reference=ctx.workflow_id)

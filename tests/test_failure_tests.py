@@ -1,0 +1,238 @@
+"""The seed's failure tests (SPEC §4) at engine level, against counting receivers.
+
+Each arranges a fault, runs the workflow, resumes it the way production would, then asserts
+the outcome AND counts what must not exist: tasks, messages, ledger entries, model calls.
+"""
+
+import pytest
+from django.conf import settings
+
+from recovery import failpoints
+from recovery.errors import ErrorKind
+from recovery.executor import advance
+from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState, WorkflowRun
+from recovery.transitions import run_start
+from tests.conftest import assert_invariants, drive
+from tests.support import receivers
+from tests.support.workflows import FAST
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVENT = {"tenant": "t42", "order_id": "o-1847", "text": "office chairs 120"}
+ONE_OF_EACH = {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+
+
+def start():
+    run, _ = run_start(workflow="test_orders", data=EVENT)
+    return run
+
+
+def step(run, name):
+    return run.steps.get(step_name=name)
+
+
+def test_happy_path_completes_with_one_object_per_side_effect(clock):
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == ONE_OF_EACH
+    assert [s.state for s in run.steps.order_by("position")] == [StepState.SUCCEEDED] * 5
+    assert all(s.attempts == 1 for s in run.steps.all())
+    assert_invariants()
+
+
+@pytest.mark.parametrize("name", ["create_task", "notify", "post_entry"])
+def test_crash_before_the_external_request_performs_the_action_exactly_once(clock, monkeypatch, name):
+    """SPEC §4.1: the intent is checkpointed, the worker dies before calling."""
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", f"{name}:before_call=raise")
+    run = start()
+    with pytest.raises(failpoints.FailpointRaised):
+        advance(run.pk)
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    run.refresh_from_db()
+    assert run.state == RunState.RUNNING and step(run, name).state == StepState.RUNNING
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == ONE_OF_EACH
+    assert step(run, name).last_error_kind == ErrorKind.UNKNOWN_OUTCOME  # it was treated as unknown…
+    assert AuditEvent.objects.filter(run=run, action="lease_takeover").count() == 1
+    assert_invariants()
+
+
+@pytest.mark.parametrize("name", ["create_task", "notify", "post_entry"])
+def test_crash_after_receiver_commit_reconciles_to_exactly_one_object(clock, monkeypatch, name):
+    """SPEC §4.2: the receiver committed, the worker died before saving the response. The
+    resumed run looks the object up by key (or resends the same key) instead of creating a
+    second one."""
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", f"{name}:after_call=raise")
+    run = start()
+    with pytest.raises(failpoints.FailpointRaised):
+        advance(run.pk)
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    before_resume = receivers.counts()
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == ONE_OF_EACH
+    assert receivers.counts() == {**before_resume, **{k: 1 for k in ("task", "message", "ledger")}}
+    assert step(run, name).remote_ref
+    assert_invariants()
+
+
+@pytest.mark.parametrize("kind,name", [("task", "create_task"), ("message", "notify"), ("ledger", "post_entry")])
+def test_response_lost_after_commit_is_unknown_then_reconciled(clock, kind, name):
+    """Rule 7: a timeout after the request was sent is `unknown`, never `failed`."""
+    receivers.arm(kind, "commit_then_drop")
+    run = start()
+    advance(run.pk)
+    run.refresh_from_db()
+    assert step(run, name).state in (StepState.SUCCEEDED,)  # reconciled within the same claim
+    assert AuditEvent.objects.filter(run=run, step_name=name, action="step_unknown").count() == 1
+    assert not AuditEvent.objects.filter(run=run, step_name=name, action="step_fail").exists()
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == ONE_OF_EACH
+    assert_invariants()
+
+
+def test_rate_limit_twice_then_success_backs_off_and_completes(clock):
+    """SPEC §4.3: two 429s with Retry-After, then success."""
+    receivers.arm("task", "rate_limit", times=2)
+    run = start()
+    t0 = clock.now()
+    advance(run.pk)
+    run.refresh_from_db()
+    task = step(run, "create_task")
+    assert run.state == RunState.WAITING and task.state == StepState.FAILED
+    assert task.last_error_kind == ErrorKind.RATE_LIMITED
+    first_wait = (task.next_attempt_at - t0).total_seconds()
+    assert first_wait >= receivers.RETRY_AFTER  # Retry-After honoured over the 1 s backoff
+
+    clock.set(run.next_wake_at)
+    advance(run.pk)
+    run.refresh_from_db()
+    assert step(run, "create_task").attempts == 2 and run.state == RunState.WAITING
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    task = step(run, "create_task")
+    assert task.attempts == 3
+    assert receivers.counts() == ONE_OF_EACH
+    assert AuditEvent.objects.filter(run=run, step_name="create_task", action="step_fail").count() == 2
+    assert_invariants()
+
+
+def test_permanent_auth_error_spends_no_retry_budget(clock):
+    """SPEC §4.4: a 403 stops the run at once; no transient retry is scheduled."""
+    receivers.arm("message", "forbidden")
+    run = drive(start(), clock)
+    assert run.state == RunState.FAILED
+    notify = step(run, "notify")
+    assert notify.state == StepState.FAILED and notify.attempts == 1
+    assert notify.last_error_kind == ErrorKind.PERMANENT and notify.next_attempt_at is None
+    assert receivers.counts() == {"task": 1, "message": 0, "ledger": 0, "model_call": 1}
+    # nothing is due: the executor will not touch it again without an operator
+    assert advance(run.pk) is None
+    assert_invariants()
+
+
+def test_transient_errors_until_the_budget_runs_out_go_to_review(clock):
+    receivers.arm("ledger", "unavailable", times=FAST.maximum_attempts + 3)
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    entry = step(run, "post_entry")
+    assert entry.attempts == FAST.maximum_attempts
+    assert entry.last_error_kind == ErrorKind.TRANSIENT
+    assert receivers.counts()["ledger"] == 0
+    assert_invariants()
+
+
+def test_restart_after_decision_saved_reuses_the_accepted_decision(clock, monkeypatch):
+    """SPEC §4.5: the worker dies right after the decision is checkpointed; the re-run
+    uses it and the model is not asked again (it would answer differently)."""
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "decide:after_outcome=raise")
+    run = start()
+    with pytest.raises(failpoints.FailpointRaised):
+        advance(run.pk)
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    accepted = ModelDecision.objects.get(run=run, state=DecisionState.ACCEPTED)
+    receivers.MODEL_SCRIPT.append('{"category": "travel", "amount": 999999, "approver": "mallory"}')
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == ONE_OF_EACH  # one model call in all
+    assert ModelDecision.objects.filter(run=run).count() == 1
+    from tests.support.models import RemoteObject
+
+    entry = RemoteObject.objects.get(kind="ledger")
+    assert entry.payload["amount"] == accepted.accepted["amount"] == 120
+    assert_invariants()
+
+
+def test_crash_between_intent_and_model_call_does_not_create_two_decisions(clock, monkeypatch):
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "decide:after_call=raise")
+    run = start()
+    with pytest.raises(failpoints.FailpointRaised):
+        advance(run.pk)
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert ModelDecision.objects.filter(run=run, state=DecisionState.ACCEPTED).count() == 1
+    assert_invariants()
+
+
+def test_invalid_model_output_pauses_for_review_keeping_the_bad_output(clock):
+    bad = ['{"category": "bribe", "amount": -1, "approver": "x"}', "this is not json"]
+    receivers.MODEL_SCRIPT.extend(bad)
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    decide = step(run, "decide")
+    assert decide.last_error_kind == ErrorKind.INVALID_MODEL_OUTPUT
+    kept = list(ModelDecision.objects.filter(run=run, state=DecisionState.INVALID).values_list("invalid_output", flat=True))
+    assert kept == bad
+    assert receivers.counts() == {"task": 0, "message": 0, "ledger": 0, "model_call": FAST.maximum_format_failures}
+    assert_invariants()
+
+
+def test_same_event_started_twice_is_one_run_with_one_copy_of_each_effect(clock):
+    """SPEC §4.8 (sequential half; the concurrent half runs on PostgreSQL)."""
+    first, created1 = run_start(workflow="test_orders", data=EVENT)
+    second, created2 = run_start(workflow="test_orders", data=dict(EVENT))
+    assert (created1, created2) == (True, False) and first.pk == second.pk
+    drive(first, clock)
+    run_start(workflow="test_orders", data=EVENT)
+    assert WorkflowRun.objects.count() == 1
+    assert advance(first.pk) is None  # completed: nothing to do
+    assert receivers.counts() == ONE_OF_EACH
+
+
+def test_worker_paused_past_its_lease_cannot_write_after_takeover(clock, monkeypatch):
+    """A fenced write: the old lease's generation no longer matches, so the slow worker's
+    outcome is refused and exactly one task exists."""
+    from recovery import transitions
+    from recovery.errors import LeaseLost
+
+    run = start()
+    lease_a = transitions.run_claim(run_pk=run.pk, owner="A")
+    clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
+    lease_b = transitions.run_claim(run_pk=run.pk, owner="B")
+    assert lease_b is not None and lease_b.generation == lease_a.generation + 1
+    with pytest.raises(LeaseLost):
+        transitions.step_begin(lease=lease_a, step_name="read", intent={}, request_hash="x")
+    run.refresh_from_db()
+    assert run.lease_owner == "B" and step(run, "read").attempts == 0
+
+
+def test_no_step_stays_running_past_its_lease(clock, monkeypatch):
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "notify:before_call=raise")
+    run = start()
+    with pytest.raises(failpoints.FailpointRaised):
+        advance(run.pk)
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
+    from recovery.executor import run_due
+
+    assert run_due() == 1  # the stalled run is due: its lease expired
+    assert_invariants()
+    run.refresh_from_db()
+    assert run.state == RunState.COMPLETED

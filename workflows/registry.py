@@ -1,0 +1,2 @@
+"""Imported at start-up (settings.RECOVERY_WORKFLOW_MODULES): import every module that
+declares a workflow here, so that the executor and ``manage.py check`` know it."""
