@@ -572,20 +572,18 @@ def run_resume(*, workflow_id: str, actor: AbstractBaseUser | None, reason: str,
             raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be resumed")
         before = _snap(run)
         _check(RUN_TRANSITIONS, "resume", run.state, "run")
-        for step in StepExecution.objects.select_for_update().filter(run=run, state=StepState.FAILED):
-            _fresh_budget(step)
-            step.state = StepState.PENDING
-            _save_step(step, ["state", "budget_start_attempt", "budget_started_at", "format_failures",
-                              "reconcile_attempts", "next_attempt_at"], now, actor)
-        for step in StepExecution.objects.select_for_update().filter(run=run, state=StepState.UNKNOWN):
-            _fresh_budget(step)
-            _save_step(step, ["budget_start_attempt", "budget_started_at", "format_failures",
-                              "reconcile_attempts", "next_attempt_at"], now, actor)
+        for step in StepExecution.objects.select_for_update().filter(
+            run=run, state__in=[StepState.FAILED, StepState.UNKNOWN]
+        ):
+            _restart_budget(step, now, actor)
         _release_into(run, RunState.PENDING, reason=f"resumed by {_actor_fields(actor)['actor']}")
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
         _audit(run, "resume", actor=actor, reason=reason, before=before, after=_snap(run), now=now)
         _enqueue_on_commit(run.pk)
         return run
+
+
+BUDGET_FIELDS = ["budget_start_attempt", "budget_started_at", "format_failures", "reconcile_attempts", "next_attempt_at"]
 
 
 def _fresh_budget(step: StepExecution) -> None:
@@ -596,34 +594,64 @@ def _fresh_budget(step: StepExecution) -> None:
     step.next_attempt_at = None
 
 
+def _restart_budget(step: StepExecution, now: datetime, actor: AbstractBaseUser | None) -> None:
+    """An operator decided something changed: a failed step becomes due again with a fresh
+    budget; an unknown one stays unknown (it is reconciled first, never retried blindly)."""
+    _fresh_budget(step)
+    if step.state == StepState.FAILED:
+        step.state = StepState.PENDING
+    _save_step(step, ["state", *BUDGET_FIELDS], now, actor)
+
+
 def step_retry(
     *, workflow_id: str, step_name: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
 ) -> WorkflowRun:
     """Retry one failed step now, with a fresh budget. The same idempotency key is sent
     again: an operator's retry never bypasses idempotency. An unknown step is not retried
-    blindly: it is reconciled first, as the executor would."""
+    blindly: the executor reconciles it first, as it always does."""
+    return _operator_step_action("retry", frozenset({StepState.FAILED, StepState.UNKNOWN}),
+                                 workflow_id=workflow_id, step_name=step_name, actor=actor, reason=reason, now=now)
+
+
+def step_reconcile(
+    *, workflow_id: str, step_name: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+) -> WorkflowRun:
+    """Reconcile an unknown step with the remote system now (look up by key, or resend the
+    same key to a receiver that keeps its first result), with a fresh look-up budget."""
+    return _operator_step_action("reconcile", frozenset({StepState.UNKNOWN}),
+                                 workflow_id=workflow_id, step_name=step_name, actor=actor, reason=reason, now=now)
+
+
+def _operator_step_action(
+    action: str,
+    allowed: frozenset[StepState],
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    now: datetime | None,
+) -> WorkflowRun:
     reason = _require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id)
         if run.state in TERMINAL_RUN_STATES:
-            raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be retried")
+            raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be changed this way")
         if _live_lease(run, now):
             raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
         step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
         if step is None:
             raise InvalidTransition(f"run {workflow_id} has no step {step_name!r}")
-        if step.state not in (StepState.FAILED, StepState.UNKNOWN):
-            raise InvalidTransition(f"step {step_name} is {step.state}; only a failed or unknown step can be retried")
+        if step.state not in allowed:
+            raise InvalidTransition(
+                f"step {step_name} is {step.state}; {action} needs a step that is {' or '.join(sorted(allowed))}"
+            )
         before = _snap(run, step)
-        _fresh_budget(step)
-        if step.state == StepState.FAILED:
-            step.state = StepState.PENDING
-        _save_step(step, ["state", "budget_start_attempt", "budget_started_at", "format_failures",
-                          "reconcile_attempts", "next_attempt_at"], now, actor)
-        _release_into(run, RunState.PENDING, reason=f"{step_name}: retry requested")
+        _restart_budget(step, now, actor)
+        _release_into(run, RunState.PENDING, reason=f"{step_name}: {action} requested")
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-        _audit(run, "retry", actor=actor, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now)
+        _audit(run, action, actor=actor, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now)
         _enqueue_on_commit(run.pk)
         return run
 
@@ -662,8 +690,12 @@ def decision_supersede(
         if decision is None:
             raise InvalidTransition(f"step {step_name} has no accepted decision")
         step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
-        later = StepExecution.objects.filter(run=run, position__gt=step.position).exclude(state=StepState.PENDING)
+        later = StepExecution.objects.filter(run=run, position__gt=step.position).filter(
+            ~Q(state=StepState.PENDING) | Q(attempts__gt=0)
+        )
         if later.exists():
+            # Its key was already sent with a request built from this decision: resending it
+            # with a different payload would be a conflict at the receiver.
             raise InvalidTransition("a later step already acted on this decision; compensate it first")
         before = {**_snap(run, step), "decision_version": decision.version}
         decision.state = DecisionState.SUPERSEDED
@@ -673,8 +705,7 @@ def decision_supersede(
         step.remote_ref = ""
         step.result = None
         _fresh_budget(step)
-        _save_step(step, ["state", "remote_ref", "result", "budget_start_attempt", "budget_started_at",
-                          "format_failures", "reconcile_attempts", "next_attempt_at"], now, actor)
+        _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
         if run.state != RunState.PENDING:
             _release_into(run, RunState.PENDING, reason=f"{step_name}: decision superseded")
             _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)

@@ -28,11 +28,10 @@ class Command(BaseCommand):
             elif action == "terminate":
                 transitions.run_terminate(workflow_id=workflow_id, actor=user, reason=reason)
             elif action in ("retry", "reconcile"):
-                # Reconciling is what the executor does first with an unknown step; a retry
-                # of an unknown step reconciles before it writes anything.
                 if not step:
                     raise CommandError(f"{action} needs --step")
-                transitions.step_retry(workflow_id=workflow_id, step_name=step, actor=user, reason=reason)
+                fn = transitions.step_retry if action == "retry" else transitions.step_reconcile
+                fn(workflow_id=workflow_id, step_name=step, actor=user, reason=reason)
             else:
                 raise CommandError("compensate is not available yet: no workflow declares compensations")
         except WorkflowRun.DoesNotExist:

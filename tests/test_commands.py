@@ -1,0 +1,91 @@
+"""SPEC §6 commands: names, output shapes, and bad input that changes nothing."""
+
+import json
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+
+from recovery.models import AuditEvent, RunState, WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVENT = {"tenant": "t42", "order_id": "inv-1847", "text": "office chairs 120"}
+
+
+def run_cmd(*args, **kwargs) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out, stderr=StringIO(), **kwargs)
+    return out.getvalue().strip()
+
+
+def test_start_workflow_prints_the_stable_workflow_id_for_the_same_event():
+    first = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    second = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    assert first == second == "order:t42:inv-1847"
+    assert WorkflowRun.objects.count() == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["test_orders", "--input", "{not json"], "not valid JSON"),
+    (["nope", "--input", "{}"], "unknown workflow 'nope'"),
+    (["test_orders", "--input", '{"tenant": "t"}'], "order_id"),
+    (["test_orders", "--input", "[1, 2]"], "JSON object"),
+])
+def test_start_workflow_rejects_bad_input_and_writes_nothing(args, message):
+    with pytest.raises(CommandError, match=message):
+        run_cmd("start_workflow", *args)
+    assert WorkflowRun.objects.count() == 0 and AuditEvent.objects.count() == 0
+
+
+def test_same_workflow_id_with_a_different_input_is_a_conflict():
+    run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    with pytest.raises(CommandError, match="different input"):
+        run_cmd("start_workflow", "test_orders", "--input", json.dumps({**EVENT, "text": "changed 999"}))
+    assert WorkflowRun.objects.get().input["text"] == EVENT["text"]
+
+
+def test_run_executor_until_idle_completes_and_show_run_prints_the_spec_shape():
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    assert "advanced 1 run" in run_cmd("run_executor", "--until-idle")
+    doc = json.loads(run_cmd("show_run", wid, "--json"))
+    assert {"workflow_id", "state", "current_step", "steps", "audit"} <= set(doc)
+    assert doc["state"] == "completed"
+    assert [s["name"] for s in doc["steps"]] == ["read", "decide", "create_task", "notify", "post_entry"]
+    for s in doc["steps"]:
+        assert {"name", "state", "attempts", "idempotency_key", "remote_ref", "last_error_kind", "last_error"} <= set(s)
+        assert len(s["idempotency_key"]) == 64
+    assert doc["steps"][2]["remote_ref"].startswith("task-")
+    assert doc["audit"][0]["action"] == "start" and doc["audit"][-1]["after"]["run"] == "completed"
+    for e in doc["audit"]:
+        assert {"at", "actor", "action", "reason", "before", "after"} <= set(e)
+
+
+def test_show_run_of_an_unknown_run_is_an_error():
+    with pytest.raises(CommandError, match="no run"):
+        run_cmd("show_run", "order:x:y", "--json")
+
+
+def test_recover_refuses_a_finished_run_and_unknown_users():
+    get_user_model().objects.create_user("olga")
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    run_cmd("run_executor", "--until-idle")
+    events = AuditEvent.objects.count()
+    with pytest.raises(CommandError, match="cannot be resumed"):
+        run_cmd("recover", "resume", wid, "--reason", "again", "--as", "olga")
+    with pytest.raises(CommandError, match="no active user"):
+        run_cmd("recover", "terminate", wid, "--reason", "x", "--as", "nobody")
+    with pytest.raises(CommandError, match="needs --step"):
+        run_cmd("recover", "retry", wid, "--reason", "x", "--as", "olga")
+    assert AuditEvent.objects.count() == events
+    assert WorkflowRun.objects.get().state == RunState.COMPLETED
+
+
+def test_recover_terminate_is_audited_with_the_operator():
+    get_user_model().objects.create_user("olga")
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    assert run_cmd("recover", "terminate", wid, "--reason", "duplicate invoice", "--as", "olga").endswith("terminated")
+    event = AuditEvent.objects.get(action="terminate")
+    assert (event.actor, event.reason, event.before, event.after) == (
+        "olga", "duplicate invoice", {"run": "pending"}, {"run": "terminated"})

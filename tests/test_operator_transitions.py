@@ -1,0 +1,155 @@
+"""Rules 11 and 12: explicit, audited operator transitions through the same functions the
+executor uses; finished runs do not move without one."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from recovery import transitions
+from recovery.errors import ErrorKind, InvalidTransition, LeaseLost
+from recovery.executor import advance
+from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState
+from recovery.transitions import run_start
+from tests.conftest import assert_invariants, drive
+from tests.support import receivers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVENT = {"tenant": "t1", "order_id": "o-9", "text": "office desk 300"}
+
+
+@pytest.fixture
+def operator():
+    return get_user_model().objects.create_user("olga", password="x")
+
+
+def start():
+    return run_start(workflow="test_orders", data=EVENT)[0]
+
+
+def test_a_terminal_run_refuses_resume_and_retry(clock, operator):
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPLETED
+    audit_before = AuditEvent.objects.count()
+    with pytest.raises(InvalidTransition, match="finished run cannot be resumed"):
+        transitions.run_resume(workflow_id=run.workflow_id, actor=operator, reason="try again")
+    with pytest.raises(InvalidTransition):
+        transitions.step_retry(workflow_id=run.workflow_id, step_name="notify", actor=operator, reason="again")
+    with pytest.raises(InvalidTransition):
+        transitions.run_terminate(workflow_id=run.workflow_id, actor=operator, reason="stop")
+    run.refresh_from_db()
+    assert run.state == RunState.COMPLETED
+    assert AuditEvent.objects.count() == audit_before
+    assert advance(run.pk) is None
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+
+
+def test_operator_retry_after_a_permanent_error_resends_the_same_key_once(clock, operator):
+    receivers.arm("task", "forbidden")
+    run = drive(start(), clock)
+    assert run.state == RunState.FAILED
+    key = run.steps.get(step_name="create_task").idempotency_key
+
+    transitions.step_retry(workflow_id=run.workflow_id, step_name="create_task", actor=operator,
+                           reason="token rotated")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    task = run.steps.get(step_name="create_task")
+    assert task.idempotency_key == key and task.attempts == 2
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+    event = AuditEvent.objects.get(run=run, action="retry")
+    assert (event.actor, event.actor_user, event.reason) == ("olga", operator, "token rotated")
+    assert event.before["run"] == RunState.FAILED and event.after["run"] == RunState.PENDING
+    assert_invariants()
+
+
+def test_operator_actions_need_a_reason_and_change_nothing_without_one(clock, operator):
+    receivers.arm("task", "forbidden")
+    run = drive(start(), clock)
+    count = AuditEvent.objects.count()
+    with pytest.raises(InvalidTransition, match="reason"):
+        transitions.run_resume(workflow_id=run.workflow_id, actor=operator, reason="  ")
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED and AuditEvent.objects.count() == count
+
+
+def test_resume_gives_an_exhausted_step_a_fresh_budget(clock, operator):
+    receivers.arm("ledger", "unavailable", times=4)
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    transitions.run_resume(workflow_id=run.workflow_id, actor=operator, reason="ERP is back")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert run.steps.get(step_name="post_entry").attempts == 5
+    assert receivers.counts()["ledger"] == 1
+
+
+def test_terminate_fences_out_a_live_executor(clock, operator):
+    run = start()
+    lease = transitions.run_claim(run_pk=run.pk, owner="worker-1")
+    transitions.run_terminate(workflow_id=run.workflow_id, actor=operator, reason="duplicate invoice")
+    with pytest.raises(LeaseLost):
+        transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
+    run.refresh_from_db()
+    assert run.state == RunState.TERMINATED
+    assert run.steps.get(step_name="read").attempts == 0
+    assert advance(run.pk) is None
+    with pytest.raises(InvalidTransition):
+        transitions.run_resume(workflow_id=run.workflow_id, actor=operator, reason="oops")
+
+
+def test_unknown_outcome_without_automatic_path_goes_to_review_and_reconciles_on_request(clock, operator, monkeypatch):
+    """A look-up that keeps failing leaves the step `unknown` (never `failed`) and, once its
+    budget is spent, hands the run to an operator; reconcile then finds the object."""
+    from tests.support import workflows
+
+    receivers.arm("message", "commit_then_drop")
+    calls = {"n": 0}
+    real_lookup = workflows.notify.lookup_fn
+
+    def flaky_lookup(ctx):
+        calls["n"] += 1
+        if calls["n"] <= 4:
+            from recovery.errors import TransientError
+
+            raise TransientError("lookup: 503")
+        return real_lookup(ctx)
+
+    monkeypatch.setattr(workflows.notify, "lookup_fn", flaky_lookup)
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    notify = run.steps.get(step_name="notify")
+    assert notify.state == StepState.UNKNOWN and notify.last_error_kind == ErrorKind.UNKNOWN_OUTCOME
+    assert receivers.counts()["message"] == 1
+
+    with pytest.raises(InvalidTransition):
+        transitions.step_reconcile(workflow_id=run.workflow_id, step_name="create_task", actor=operator, reason="x")
+    transitions.step_reconcile(workflow_id=run.workflow_id, step_name="notify", actor=operator, reason="provider up")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+    assert_invariants()
+
+
+def test_superseding_a_decision_makes_a_new_version_with_its_reason(clock, operator, monkeypatch):
+    from recovery import failpoints
+
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "create_task:before_intent=raise")
+    run = start()
+    with pytest.raises(failpoints.FailpointRaised):
+        advance(run.pk)
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    with pytest.raises(InvalidTransition, match="running"):  # a live executor holds it
+        transitions.decision_supersede(workflow_id=run.workflow_id, step_name="decide", actor=operator, reason="x")
+    clock.advance(60)
+    receivers.MODEL_SCRIPT.append('{"category": "office", "amount": 280, "approver": "bob"}')
+    transitions.decision_supersede(workflow_id=run.workflow_id, step_name="decide", actor=operator,
+                                   reason="amount misread: 280 not 300")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    decisions = ModelDecision.objects.filter(run=run).order_by("version")
+    assert [(d.version, d.state) for d in decisions] == [(1, DecisionState.SUPERSEDED), (2, DecisionState.ACCEPTED)]
+    assert decisions[0].superseded_reason == "amount misread: 280 not 300"
+    assert run.steps.get(step_name="create_task").intent["amount"] == 280
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 2}
+    with pytest.raises(InvalidTransition):  # finished, and later steps acted on it
+        transitions.decision_supersede(workflow_id=run.workflow_id, step_name="decide", actor=operator, reason="y")
