@@ -84,3 +84,27 @@ def assert_invariants() -> None:
     assert lease_expired_running_steps() == []
     for step in StepExecution.objects.filter(state=StepState.SUCCEEDED, step_name__in=["create_task", "notify", "post_entry"]):
         assert step.remote_ref, f"{step} succeeded without a remote reference"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for a child `manage.py` or Celery process that uses this test's database."""
+    import os
+
+    db = connection.settings_dict
+    if connection.vendor == "postgresql":
+        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+        url = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    else:
+        url = f"sqlite:///{db['NAME']}"
+    env = {k: v for k, v in os.environ.items() if k != "RECOVERY_FAILPOINTS"}
+    env.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="config.test_settings", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
