@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
+VAR_DIR.mkdir(exist_ok=True)  # the embedded SQLite files live here
 
 
 def env(name: str, default: str | None = None) -> str | None:

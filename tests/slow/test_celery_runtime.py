@@ -1,0 +1,75 @@
+"""The Celery runtime with real processes: a Redis of the test's own on a free port, a
+worker with beat. A run is advanced by the task enqueued on commit; a run whose message was
+lost is picked up by the sweeper."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recovery.models import RunState, WorkflowRun
+from tests.conftest import free_port, subprocess_env
+from tests.support import receivers
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    port = free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
+            break
+        time.sleep(0.05)
+    yield url
+    server.terminate()
+    server.wait(10)
+
+
+def wait_for(predicate, timeout: float = 45.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_celery_worker_advances_enqueued_runs_and_the_sweeper_finds_lost_ones(redis_url, tmp_path):
+    celery_env = subprocess_env(RECOVERY_EXECUTOR="celery", CELERY_BROKER_URL=redis_url, RECOVERY_SWEEP_SECONDS="1")
+    manage = [sys.executable, str(ROOT / "manage.py"), "start_workflow", "test_orders", "--input"]
+
+    # Started in embedded mode: no message is ever enqueued for it, as if the broker lost it.
+    lost = subprocess.run([*manage, json.dumps({"tenant": "t", "order_id": "lost"})],
+                          env=subprocess_env(), capture_output=True, text=True, check=True).stdout.strip()
+    queued = subprocess.run([*manage, json.dumps({"tenant": "t", "order_id": "queued"})],
+                            env=celery_env, capture_output=True, text=True, check=True).stdout.strip()
+    queue_len = subprocess.run(["redis-cli", "-u", redis_url, "llen", "celery"], capture_output=True, text=True)
+    assert queue_len.stdout.strip() == "1"  # enqueued on commit, for the celery-mode run only
+
+    log = open(tmp_path / "worker.log", "w")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "-s", str(tmp_path / "beat-schedule"),
+         "--concurrency", "2", "--loglevel", "INFO"],
+        cwd=ROOT, env=celery_env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        done = wait_for(lambda: set(WorkflowRun.objects.values_list("state", flat=True)) == {RunState.COMPLETED})
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        log.close()
+    assert done, (tmp_path / "worker.log").read_text()[-3000:]
+    assert {lost, queued} == set(WorkflowRun.objects.values_list("workflow_id", flat=True))
+    assert receivers.counts() == {"task": 2, "message": 2, "ledger": 2, "model_call": 2}
