@@ -29,4 +29,5 @@ run: migrate
 # The whole suite. Honours DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/recovery)
 # and CELERY_BROKER_URL; on the embedded default the PostgreSQL-only tests skip with a reason.
 test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest

@@ -18,8 +18,17 @@ class ReadOnly(admin.ModelAdmin):
 
 class StepInline(admin.TabularInline):
     model = StepExecution
-    fields = ["position", "step_name", "state", "attempts", "idempotency_key", "remote_ref", "last_error_kind",
-              "last_error", "next_attempt_at"]
+    fields = [
+        "position",
+        "step_name",
+        "state",
+        "attempts",
+        "idempotency_key",
+        "remote_ref",
+        "last_error_kind",
+        "last_error",
+        "next_attempt_at",
+    ]
     readonly_fields = fields
     extra = 0
     can_delete = False

@@ -14,20 +14,26 @@ def check_recovery_contracts(app_configs=None, **kwargs) -> list[checks.CheckMes
         for spec in workflow.steps:
             where = f"{workflow.name}.{spec.name}"
             if spec.rerun != Rerun.YES and spec.reconcile is None:
-                errors.append(checks.Error(
-                    f"{where} is not safe to re-run and has no unknown-outcome path",
-                    hint="declare reconcile=Reconcile.LOOKUP (with a @step.lookup), RESEND or OPERATOR",
-                    id="recovery.E002",
-                ))
+                errors.append(
+                    checks.Error(
+                        f"{where} is not safe to re-run and has no unknown-outcome path",
+                        hint="declare reconcile=Reconcile.LOOKUP (with a @step.lookup), RESEND or OPERATOR",
+                        id="recovery.E002",
+                    )
+                )
             if spec.rerun == Rerun.NO and spec.reconcile == Reconcile.RERUN:
-                errors.append(checks.Error(
-                    f"{where} is not safe to re-run, so an unknown outcome cannot be resolved by re-running it",
-                    hint="declare reconcile=Reconcile.LOOKUP, RESEND or OPERATOR",
-                    id="recovery.E003",
-                ))
+                errors.append(
+                    checks.Error(
+                        f"{where} is not safe to re-run, so an unknown outcome cannot be resolved by re-running it",
+                        hint="declare reconcile=Reconcile.LOOKUP, RESEND or OPERATOR",
+                        id="recovery.E003",
+                    )
+                )
             if spec.reconcile == Reconcile.LOOKUP and spec.lookup_fn is None:
-                errors.append(checks.Error(
-                    f"{where} reconciles by look-up but declares no @{spec.name}.lookup function",
-                    id="recovery.E004",
-                ))
+                errors.append(
+                    checks.Error(
+                        f"{where} reconciles by look-up but declares no @{spec.name}.lookup function",
+                        id="recovery.E004",
+                    )
+                )
     return errors

@@ -92,7 +92,9 @@ def _step_once(lease: Lease, plan: _Plan) -> bool:
     if step.state == StepState.RUNNING:
         # Its previous owner lost the lease mid-call: the call may or may not have happened.
         transitions.step_mark_unknown(
-            lease=lease, step_name=step.step_name, spec=spec,
+            lease=lease,
+            step_name=step.step_name,
+            spec=spec,
             error=UnknownOutcome("the executor running this step was lost before recording its outcome"),
         )
         return True
@@ -125,13 +127,18 @@ def _reconcile(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
             return False
         if found is None:
             transitions.step_reset(
-                lease=lease, step_name=step.step_name,
+                lease=lease,
+                step_name=step.step_name,
                 reason="look-up by idempotency key found nothing: the call never took effect",
             )
             return True
         transitions.step_succeed(
-            lease=lease, step_name=step.step_name, outcome=_as_outcome(found), complete_run=plan.is_last(step),
-            action="reconcile", reason="look-up by idempotency key found the remote object",
+            lease=lease,
+            step_name=step.step_name,
+            outcome=_as_outcome(found),
+            complete_run=plan.is_last(step),
+            action="reconcile",
+            reason="look-up by idempotency key found the remote object",
         )
         return True
     transitions.run_review(
@@ -152,23 +159,32 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
         if accepted is not None:
             # A restart never changes a decision: reuse the accepted one (rule 4).
             transitions.step_succeed(
-                lease=lease, step_name=name, complete_run=plan.is_last(step),
+                lease=lease,
+                step_name=name,
+                complete_run=plan.is_last(step),
                 outcome=Outcome(remote_ref=f"decision v{accepted.version}", result=accepted.accepted),
-                action="decision_reused", reason=f"accepted decision v{accepted.version} reused",
+                action="decision_reused",
+                reason=f"accepted decision v{accepted.version} reused",
             )
             return
 
     try:
         intent = spec.intent_fn(ctx) if spec.intent_fn else {}
     except Exception as exc:
-        transitions.step_fail(lease=lease, step_name=name, spec=spec,
-                              error=PermanentError(f"could not build the step's intent: {classify(exc)}"))
+        transitions.step_fail(
+            lease=lease,
+            step_name=name,
+            spec=spec,
+            error=PermanentError(f"could not build the step's intent: {classify(exc)}"),
+        )
         return
     request_hash = payload_hash(intent)
     if step.request_hash and step.request_hash != request_hash:
         # Stripe's rule: the same key with a different payload is a conflict, never a replay.
         transitions.step_fail(
-            lease=lease, step_name=name, spec=spec,
+            lease=lease,
+            step_name=name,
+            spec=spec,
             error=PermanentError(
                 f"idempotency key {step.idempotency_key[:12]}… was already used with a different request; "
                 "a changed business action needs a new key version"
@@ -199,8 +215,12 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
     if error is None:
         outcome = Outcome(remote_ref="", result=decision) if decision is not None else _as_outcome(raw)
         transitions.step_succeed(
-            lease=lease, step_name=name, outcome=outcome, complete_run=plan.is_last(step),
-            decision=decision, spec=spec,
+            lease=lease,
+            step_name=name,
+            outcome=outcome,
+            complete_run=plan.is_last(step),
+            decision=decision,
+            spec=spec,
         )
     elif error.kind == ErrorKind.UNKNOWN_OUTCOME:
         transitions.step_mark_unknown(lease=lease, step_name=name, error=error, spec=spec)
@@ -216,8 +236,9 @@ def _validate_decision(spec: StepSpec, raw: Any) -> dict[str, Any]:
         data = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
         return spec.decision_schema.model_validate(data).model_dump(mode="json")
     except (ValueError, pydantic.ValidationError) as exc:
-        raise InvalidModelOutput(f"model output does not match {spec.decision_schema.__name__}: {exc}"[:2000],
-                                 raw_output=text) from exc
+        raise InvalidModelOutput(
+            f"model output does not match {spec.decision_schema.__name__}: {exc}"[:2000], raw_output=text
+        ) from exc
 
 
 def _as_outcome(raw: Any) -> Outcome:
@@ -236,7 +257,9 @@ def _as_outcome(raw: Any) -> Outcome:
 def due_run_ids(*, now: datetime | None = None, limit: int = 100) -> list[int]:
     now = now or clock.now()
     return list(
-        WorkflowRun.objects.filter(transitions.claimable(now)).order_by("next_wake_at", "pk").values_list("pk", flat=True)[:limit]
+        WorkflowRun.objects.filter(transitions.claimable(now))
+        .order_by("next_wake_at", "pk")
+        .values_list("pk", flat=True)[:limit]
     )
 
 

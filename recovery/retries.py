@@ -53,7 +53,9 @@ class RetryPolicy:
         r = random.random() if rand is None else rand
         return max(0.0, base * (1 + self.jitter * (2 * r - 1)))
 
-    def next_delay(self, attempt: int, error: StepError, *, elapsed: float = 0.0, rand: float | None = None) -> float | None:
+    def next_delay(
+        self, attempt: int, error: StepError, *, elapsed: float = 0.0, rand: float | None = None
+    ) -> float | None:
         """Seconds until the next attempt, or None when the step must not be retried.
 
         ``attempt`` counts attempts made in this budget (the failed one included);

@@ -119,7 +119,13 @@ def _audit(
     reason: str = "",
 ) -> None:
     AuditEvent.objects.create(
-        run=run, step_name=step_name, action=action, reason=reason, before=before, after=after, at=now,
+        run=run,
+        step_name=step_name,
+        action=action,
+        reason=reason,
+        before=before,
+        after=after,
+        at=now,
         **_actor_fields(actor),
     )
 
@@ -296,8 +302,16 @@ def step_begin(
         step.next_attempt_at = None
         _save_step(
             step,
-            ["state", "intent", "request_hash", "attempts", "first_attempt_at", "budget_started_at",
-             "last_attempt_at", "next_attempt_at"],
+            [
+                "state",
+                "intent",
+                "request_hash",
+                "attempts",
+                "first_attempt_at",
+                "budget_started_at",
+                "last_attempt_at",
+                "next_attempt_at",
+            ],
             now,
         )
         run.current_step = step_name
@@ -354,7 +368,9 @@ def step_succeed(
             run.current_step = ""
             fields += RUN_LEASE_FIELDS + ["status_reason"]
         _save_run(run, fields, now)
-        _audit(run, action, actor=None, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now)
+        _audit(
+            run, action, actor=None, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now
+        )
         return step
 
 
@@ -413,8 +429,16 @@ def step_fail(
         _save_step(step, step_fields, now)
         run.current_step = step_name
         _save_run(run, fields + RUN_LEASE_FIELDS, now)
-        _audit(run, "step_fail", actor=None, step_name=step_name, reason=error.message[:1000],
-               before=before, after=_snap(run, step), now=now)
+        _audit(
+            run,
+            "step_fail",
+            actor=None,
+            step_name=step_name,
+            reason=error.message[:1000],
+            before=before,
+            after=_snap(run, step),
+            now=now,
+        )
         return step
 
 
@@ -440,8 +464,16 @@ def step_mark_unknown(
         else:
             _renew(run, now)
             _save_run(run, ["lease_expires_at"], now)
-        _audit(run, "step_unknown", actor=None, step_name=step_name, reason=error.message[:1000],
-               before=before, after=_snap(run, step), now=now)
+        _audit(
+            run,
+            "step_unknown",
+            actor=None,
+            step_name=step_name,
+            reason=error.message[:1000],
+            before=before,
+            after=_snap(run, step),
+            now=now,
+        )
         return step
 
 
@@ -457,8 +489,16 @@ def step_reset(*, lease: Lease, step_name: str, reason: str, now: datetime | Non
         _save_step(step, ["state", "next_attempt_at"], now)
         _renew(run, now)
         _save_run(run, ["lease_expires_at"], now)
-        _audit(run, "reconcile", actor=None, step_name=step_name, reason=reason, before=before,
-               after=_snap(run, step), now=now)
+        _audit(
+            run,
+            "reconcile",
+            actor=None,
+            step_name=step_name,
+            reason=reason,
+            before=before,
+            after=_snap(run, step),
+            now=now,
+        )
         return step
 
 
@@ -484,11 +524,21 @@ def step_defer_reconcile(
         else:
             step.next_attempt_at = now + timedelta(seconds=delay)
             _check(RUN_TRANSITIONS, "wait", run.state, "run")
-            _release_into(run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: look-up retry scheduled")
+            _release_into(
+                run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: look-up retry scheduled"
+            )
         _save_step(step, ["state", "reconcile_attempts", "last_error", "next_attempt_at"], now)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        _audit(run, "reconcile_deferred", actor=None, step_name=step_name, reason=error.message[:1000],
-               before=before, after=_snap(run, step), now=now)
+        _audit(
+            run,
+            "reconcile_deferred",
+            actor=None,
+            step_name=step_name,
+            reason=error.message[:1000],
+            before=before,
+            after=_snap(run, step),
+            now=now,
+        )
         return step
 
 
@@ -561,7 +611,9 @@ def _live_lease(run: WorkflowRun, now: datetime) -> bool:
     return run.state == RunState.RUNNING and run.lease_expires_at is not None and run.lease_expires_at > now
 
 
-def run_resume(*, workflow_id: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None) -> WorkflowRun:
+def run_resume(
+    *, workflow_id: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+) -> WorkflowRun:
     """Resume from the last checkpoint: the run becomes due now; every succeeded step is kept
     and a blocked step gets a fresh retry budget. A finished run refuses (rule 12)."""
     reason = _require_reason(reason)
@@ -583,7 +635,13 @@ def run_resume(*, workflow_id: str, actor: AbstractBaseUser | None, reason: str,
         return run
 
 
-BUDGET_FIELDS = ["budget_start_attempt", "budget_started_at", "format_failures", "reconcile_attempts", "next_attempt_at"]
+BUDGET_FIELDS = [
+    "budget_start_attempt",
+    "budget_started_at",
+    "format_failures",
+    "reconcile_attempts",
+    "next_attempt_at",
+]
 
 
 def _fresh_budget(step: StepExecution) -> None:
@@ -609,8 +667,15 @@ def step_retry(
     """Retry one failed step now, with a fresh budget. The same idempotency key is sent
     again: an operator's retry never bypasses idempotency. An unknown step is not retried
     blindly: the executor reconciles it first, as it always does."""
-    return _operator_step_action("retry", frozenset({StepState.FAILED, StepState.UNKNOWN}),
-                                 workflow_id=workflow_id, step_name=step_name, actor=actor, reason=reason, now=now)
+    return _operator_step_action(
+        "retry",
+        frozenset({StepState.FAILED, StepState.UNKNOWN}),
+        workflow_id=workflow_id,
+        step_name=step_name,
+        actor=actor,
+        reason=reason,
+        now=now,
+    )
 
 
 def step_reconcile(
@@ -618,8 +683,15 @@ def step_reconcile(
 ) -> WorkflowRun:
     """Reconcile an unknown step with the remote system now (look up by key, or resend the
     same key to a receiver that keeps its first result), with a fresh look-up budget."""
-    return _operator_step_action("reconcile", frozenset({StepState.UNKNOWN}),
-                                 workflow_id=workflow_id, step_name=step_name, actor=actor, reason=reason, now=now)
+    return _operator_step_action(
+        "reconcile",
+        frozenset({StepState.UNKNOWN}),
+        workflow_id=workflow_id,
+        step_name=step_name,
+        actor=actor,
+        reason=reason,
+        now=now,
+    )
 
 
 def _operator_step_action(
@@ -651,12 +723,16 @@ def _operator_step_action(
         _restart_budget(step, now, actor)
         _release_into(run, RunState.PENDING, reason=f"{step_name}: {action} requested")
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-        _audit(run, action, actor=actor, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now)
+        _audit(
+            run, action, actor=actor, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now
+        )
         _enqueue_on_commit(run.pk)
         return run
 
 
-def run_terminate(*, workflow_id: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None) -> WorkflowRun:
+def run_terminate(
+    *, workflow_id: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+) -> WorkflowRun:
     """Stop the run for good. Effects already made stay made (compensate them explicitly);
     a live executor's next fenced write fails, so it cannot continue."""
     reason = _require_reason(reason)
@@ -683,10 +759,14 @@ def decision_supersede(
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id)
         if run.state in TERMINAL_RUN_STATES or _live_lease(run, now):
-            raise InvalidTransition(f"run {workflow_id} is {run.state}; a decision can only be replaced on a stopped run")
-        decision = ModelDecision.objects.select_for_update().filter(
-            run=run, step_name=step_name, state=DecisionState.ACCEPTED
-        ).first()
+            raise InvalidTransition(
+                f"run {workflow_id} is {run.state}; a decision can only be replaced on a stopped run"
+            )
+        decision = (
+            ModelDecision.objects.select_for_update()
+            .filter(run=run, step_name=step_name, state=DecisionState.ACCEPTED)
+            .first()
+        )
         if decision is None:
             raise InvalidTransition(f"step {step_name} has no accepted decision")
         step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
@@ -709,8 +789,15 @@ def decision_supersede(
         if run.state != RunState.PENDING:
             _release_into(run, RunState.PENDING, reason=f"{step_name}: decision superseded")
             _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-        _audit(run, "decision_supersede", actor=actor, step_name=step_name, reason=reason, before=before,
-               after=_snap(run, step), now=now)
+        _audit(
+            run,
+            "decision_supersede",
+            actor=actor,
+            step_name=step_name,
+            reason=reason,
+            before=before,
+            after=_snap(run, step),
+            now=now,
+        )
         _enqueue_on_commit(run.pk)
         return run
-

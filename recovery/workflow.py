@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic
@@ -123,7 +123,9 @@ class StepSpec:
             "recovery_rule": Reconcile(self.reconcile).label if self.reconcile else "none declared",
             "retry_policy": self.retry.as_text(),
             "key_version": self.key_version,
-            "decision_schema": f"{self.decision_schema.__name__} v{self.schema_version}" if self.decision_schema else "",
+            "decision_schema": f"{self.decision_schema.__name__} v{self.schema_version}"
+            if self.decision_schema
+            else "",
             "compensation": self.compensation_fn.__name__ if self.compensation_fn else "",
         }
 

@@ -71,9 +71,7 @@ def lease_expired_running_steps() -> list:
     from recovery.models import StepExecution, StepState
 
     now = engine_clock.now()
-    return list(
-        StepExecution.objects.filter(state=StepState.RUNNING).exclude(run__lease_expires_at__gt=now)
-    )
+    return list(StepExecution.objects.filter(state=StepState.RUNNING).exclude(run__lease_expires_at__gt=now))
 
 
 def assert_invariants() -> None:
@@ -82,7 +80,9 @@ def assert_invariants() -> None:
     from recovery.models import StepExecution, StepState
 
     assert lease_expired_running_steps() == []
-    for step in StepExecution.objects.filter(state=StepState.SUCCEEDED, step_name__in=["create_task", "notify", "post_entry"]):
+    for step in StepExecution.objects.filter(
+        state=StepState.SUCCEEDED, step_name__in=["create_task", "notify", "post_entry"]
+    ):
         assert step.remote_ref, f"{step} succeeded without a remote reference"
 
 

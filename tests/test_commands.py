@@ -27,12 +27,15 @@ def test_start_workflow_prints_the_stable_workflow_id_for_the_same_event():
     assert WorkflowRun.objects.count() == 1
 
 
-@pytest.mark.parametrize("args,message", [
-    (["test_orders", "--input", "{not json"], "not valid JSON"),
-    (["nope", "--input", "{}"], "unknown workflow 'nope'"),
-    (["test_orders", "--input", '{"tenant": "t"}'], "order_id"),
-    (["test_orders", "--input", "[1, 2]"], "JSON object"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["test_orders", "--input", "{not json"], "not valid JSON"),
+        (["nope", "--input", "{}"], "unknown workflow 'nope'"),
+        (["test_orders", "--input", '{"tenant": "t"}'], "order_id"),
+        (["test_orders", "--input", "[1, 2]"], "JSON object"),
+    ],
+)
 def test_start_workflow_rejects_bad_input_and_writes_nothing(args, message):
     with pytest.raises(CommandError, match=message):
         run_cmd("start_workflow", *args)
@@ -88,4 +91,8 @@ def test_recover_terminate_is_audited_with_the_operator():
     assert run_cmd("recover", "terminate", wid, "--reason", "duplicate invoice", "--as", "olga").endswith("terminated")
     event = AuditEvent.objects.get(action="terminate")
     assert (event.actor, event.reason, event.before, event.after) == (
-        "olga", "duplicate invoice", {"run": "pending"}, {"run": "terminated"})
+        "olga",
+        "duplicate invoice",
+        {"run": "pending"},
+        {"run": "terminated"},
+    )

@@ -62,6 +62,14 @@ def test_the_project_workflows_pass_the_check():
 def test_keys_depend_on_workflow_step_and_contract_version_only():
     k = idempotency_key("invoice:t:1", "create_approval_task", 1)
     assert k == idempotency_key("invoice:t:1", "create_approval_task", 1)
-    assert len({k, idempotency_key("invoice:t:1", "create_approval_task", 2),
+    assert (
+        len(
+            {
+                k,
+                idempotency_key("invoice:t:1", "create_approval_task", 2),
                 idempotency_key("invoice:t:2", "create_approval_task", 1),
-                idempotency_key("invoice:t:1", "notify_approver", 1)}) == 4
+                idempotency_key("invoice:t:1", "notify_approver", 1),
+            }
+        )
+        == 4
+    )

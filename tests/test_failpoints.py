@@ -17,8 +17,9 @@ def test_an_armed_raise_fires_only_at_its_step_and_point(monkeypatch):
         failpoints.hit("create_task", "after_call")
 
 
-@pytest.mark.parametrize("spec", ["create_task:after=crash", "create_task=crash", "x:before_call=explode",
-                                  "x:before_call=sleep(abc)"])
+@pytest.mark.parametrize(
+    "spec", ["create_task:after=crash", "create_task=crash", "x:before_call=explode", "x:before_call=sleep(abc)"]
+)
 def test_a_malformed_spec_is_refused_with_the_expected_form(monkeypatch, spec):
     monkeypatch.setenv("RECOVERY_FAILPOINTS", spec)
     with pytest.raises(ValueError, match="STEP:POINT=ACTION"):

@@ -188,7 +188,9 @@ def test_invalid_model_output_pauses_for_review_keeping_the_bad_output(clock):
     assert run.state == RunState.NEEDS_REVIEW
     decide = step(run, "decide")
     assert decide.last_error_kind == ErrorKind.INVALID_MODEL_OUTPUT
-    kept = list(ModelDecision.objects.filter(run=run, state=DecisionState.INVALID).values_list("invalid_output", flat=True))
+    kept = list(
+        ModelDecision.objects.filter(run=run, state=DecisionState.INVALID).values_list("invalid_output", flat=True)
+    )
     assert kept == bad
     assert receivers.counts() == {"task": 0, "message": 0, "ledger": 0, "model_call": FAST.maximum_format_failures}
     assert_invariants()
@@ -236,3 +238,26 @@ def test_no_step_stays_running_past_its_lease(clock, monkeypatch):
     assert_invariants()
     run.refresh_from_db()
     assert run.state == RunState.COMPLETED
+
+
+def test_same_key_with_a_different_request_is_a_visible_conflict_not_a_replay(clock, monkeypatch):
+    """Idempotency records keep a hash of the request: if a re-run would send the same key
+    with a different payload (a non-deterministic intent, a changed deployment), the step
+    stops with a conflict instead of sending it."""
+    from tests.support import workflows
+
+    receivers.arm("task", "unavailable")
+    run = start()
+    advance(run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.WAITING and step(run, "create_task").attempts == 1
+
+    real_intent = workflows.create_task.intent_fn
+    monkeypatch.setattr(workflows.create_task, "intent_fn", lambda ctx: {**real_intent(ctx), "amount": 1})
+    run = drive(run, clock)
+    task = step(run, "create_task")
+    assert run.state == RunState.FAILED
+    assert task.last_error_kind == ErrorKind.PERMANENT and "different request" in task.last_error
+    assert task.attempts == 1  # the conflicting request was never sent
+    assert receivers.counts() == {"task": 0, "message": 0, "ledger": 0, "model_call": 1}
+    assert_invariants()

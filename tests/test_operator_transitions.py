@@ -49,8 +49,7 @@ def test_operator_retry_after_a_permanent_error_resends_the_same_key_once(clock,
     assert run.state == RunState.FAILED
     key = run.steps.get(step_name="create_task").idempotency_key
 
-    transitions.step_retry(workflow_id=run.workflow_id, step_name="create_task", actor=operator,
-                           reason="token rotated")
+    transitions.step_retry(workflow_id=run.workflow_id, step_name="create_task", actor=operator, reason="token rotated")
     run = drive(run, clock)
     assert run.state == RunState.COMPLETED
     task = run.steps.get(step_name="create_task")
@@ -142,8 +141,9 @@ def test_superseding_a_decision_makes_a_new_version_with_its_reason(clock, opera
         transitions.decision_supersede(workflow_id=run.workflow_id, step_name="decide", actor=operator, reason="x")
     clock.advance(60)
     receivers.MODEL_SCRIPT.append('{"category": "office", "amount": 280, "approver": "bob"}')
-    transitions.decision_supersede(workflow_id=run.workflow_id, step_name="decide", actor=operator,
-                                   reason="amount misread: 280 not 300")
+    transitions.decision_supersede(
+        workflow_id=run.workflow_id, step_name="decide", actor=operator, reason="amount misread: 280 not 300"
+    )
     run = drive(run, clock)
     assert run.state == RunState.COMPLETED
     decisions = ModelDecision.objects.filter(run=run).order_by("version")

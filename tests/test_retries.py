@@ -9,10 +9,18 @@ from recovery.retries import RetryPolicy
 
 policies = st.builds(
     lambda initial, coeff, extra, attempts, elapsed, jitter: RetryPolicy(
-        initial_interval=initial, backoff_coefficient=coeff, maximum_interval=initial + extra,
-        maximum_attempts=attempts, maximum_elapsed=elapsed, jitter=jitter,
+        initial_interval=initial,
+        backoff_coefficient=coeff,
+        maximum_interval=initial + extra,
+        maximum_attempts=attempts,
+        maximum_elapsed=elapsed,
+        jitter=jitter,
     ),
-    st.floats(0, 100), st.floats(1, 10), st.floats(0, 1000), st.integers(1, 50), st.floats(1, 100000),
+    st.floats(0, 100),
+    st.floats(1, 10),
+    st.floats(0, 1000),
+    st.integers(1, 50),
+    st.floats(1, 100000),
     st.floats(0, 0.99),
 )
 
@@ -61,10 +69,17 @@ def test_non_retryable_kinds_stop_at_once():
     assert policy.next_delay(1, TransientError("503")) is not None
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"backoff_coefficient": 0.5}, {"initial_interval": 10, "maximum_interval": 1}, {"maximum_attempts": 0},
-    {"maximum_elapsed": 0}, {"jitter": 1.5}, {"initial_interval": -1},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"backoff_coefficient": 0.5},
+        {"initial_interval": 10, "maximum_interval": 1},
+        {"maximum_attempts": 0},
+        {"maximum_elapsed": 0},
+        {"jitter": 1.5},
+        {"initial_interval": -1},
+    ],
+)
 def test_invalid_policies_are_refused(kwargs):
     with pytest.raises(ValueError):
         RetryPolicy(**kwargs)

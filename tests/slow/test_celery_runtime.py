@@ -23,13 +23,28 @@ ROOT = Path(__file__).resolve().parents[2]
 def redis_url(tmp_path):
     port = free_port()
     server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
-        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
+        if (
+            subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip()
+            == "PONG"
+        ):
             break
         time.sleep(0.05)
     yield url
@@ -51,18 +66,44 @@ def test_celery_worker_advances_enqueued_runs_and_the_sweeper_finds_lost_ones(re
     manage = [sys.executable, str(ROOT / "manage.py"), "start_workflow", "test_orders", "--input"]
 
     # Started in embedded mode: no message is ever enqueued for it, as if the broker lost it.
-    lost = subprocess.run([*manage, json.dumps({"tenant": "t", "order_id": "lost"})],
-                          env=subprocess_env(), capture_output=True, text=True, check=True).stdout.strip()
-    queued = subprocess.run([*manage, json.dumps({"tenant": "t", "order_id": "queued"})],
-                            env=celery_env, capture_output=True, text=True, check=True).stdout.strip()
+    lost = subprocess.run(
+        [*manage, json.dumps({"tenant": "t", "order_id": "lost"})],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    queued = subprocess.run(
+        [*manage, json.dumps({"tenant": "t", "order_id": "queued"})],
+        env=celery_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     queue_len = subprocess.run(["redis-cli", "-u", redis_url, "llen", "celery"], capture_output=True, text=True)
     assert queue_len.stdout.strip() == "1"  # enqueued on commit, for the celery-mode run only
 
     log = open(tmp_path / "worker.log", "w")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "-B", "-s", str(tmp_path / "beat-schedule"),
-         "--concurrency", "2", "--loglevel", "INFO"],
-        cwd=ROOT, env=celery_env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "-B",
+            "-s",
+            str(tmp_path / "beat-schedule"),
+            "--concurrency",
+            "2",
+            "--loglevel",
+            "INFO",
+        ],
+        cwd=ROOT,
+        env=celery_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         done = wait_for(lambda: set(WorkflowRun.objects.values_list("state", flat=True)) == {RunState.COMPLETED})

@@ -25,16 +25,24 @@ LEASE = 2
 
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, MANAGE, *args], env=subprocess_env(RECOVERY_LEASE_SECONDS=str(LEASE), **env),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, MANAGE, *args],
+        env=subprocess_env(RECOVERY_LEASE_SECONDS=str(LEASE), **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-@pytest.mark.parametrize("step,point", [
-    ("create_task", "after_call"),   # receiver honours keys: resend the same key
-    ("notify", "after_call"),        # receiver does not: look up by client reference
-    ("post_entry", "after_call"),    # unique reference: look up
-    ("create_task", "before_call"),  # crash before the request: performed exactly once
-])
+@pytest.mark.parametrize(
+    "step,point",
+    [
+        ("create_task", "after_call"),  # receiver honours keys: resend the same key
+        ("notify", "after_call"),  # receiver does not: look up by client reference
+        ("post_entry", "after_call"),  # unique reference: look up
+        ("create_task", "before_call"),  # crash before the request: performed exactly once
+    ],
+)
 def test_worker_killed_at_a_failpoint_is_resumed_by_another_process_with_one_object(step, point):
     event = {"tenant": "t42", "order_id": f"crash-{step}-{point}", "text": "office chairs 120"}
     started = manage("start_workflow", "test_orders", "--input", json.dumps(event))
@@ -63,3 +71,19 @@ def test_worker_killed_at_a_failpoint_is_resumed_by_another_process_with_one_obj
     assert all(s.remote_ref for s in run.steps.filter(step_name__in=["create_task", "notify", "post_entry"]))
     assert run.audit_events.filter(action="lease_takeover").count() == 1
     assert run.audit_events.filter(action="step_unknown", step_name=step).count() == 1
+
+
+@pytest.mark.parametrize("args", [
+    ["start_workflow", "test_orders"],  # --input missing
+    ["start_workflow", "test_orders", "--input", "{oops"],
+    ["start_workflow", "nope", "--input", "{}"],
+    ["show_run", "order:none:none", "--json"],
+    ["recover", "explode", "order:x:y", "--reason", "r", "--as", "olga"],
+    ["run_executor", "--until-idle"],  # with a malformed RECOVERY_FAILPOINTS, below
+])
+def test_bad_arguments_print_one_line_on_stderr_exit_non_zero_and_write_nothing(args):
+    env = {"RECOVERY_FAILPOINTS": "create_task=boom"} if args[0] == "run_executor" else {}
+    result = manage(*args, **env)
+    assert result.returncode != 0
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert WorkflowRun.objects.count() == 0

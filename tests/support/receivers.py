@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict, deque
 
 from django.db import IntegrityError, transaction
@@ -108,4 +109,5 @@ def model_propose(text: str) -> str:
     if MODEL_SCRIPT:
         return MODEL_SCRIPT.popleft()
     amount = sum(int(tok) for tok in text.split() if tok.isdigit())
-    return '{"category": "%s", "amount": %d, "approver": "alice"}' % ("travel" if "trip" in text else "office", amount)
+    category = "travel" if "trip" in text else "office"
+    return json.dumps({"category": category, "amount": amount, "approver": "alice"})

@@ -24,11 +24,20 @@ class Decision(BaseModel):
     approver: str
 
 
-FAST = RetryPolicy(initial_interval=1, backoff_coefficient=2, maximum_interval=30, maximum_attempts=4,
-                   maximum_elapsed=600, jitter=0.1, maximum_format_failures=2)
+FAST = RetryPolicy(
+    initial_interval=1,
+    backoff_coefficient=2,
+    maximum_interval=30,
+    maximum_attempts=4,
+    maximum_elapsed=600,
+    jitter=0.1,
+    maximum_format_failures=2,
+)
 
 orders = Workflow(
-    "test_orders", version=1, input_schema=Event,
+    "test_orders",
+    version=1,
+    input_schema=Event,
     workflow_id=lambda i: f"order:{i['tenant']}:{i['order_id']}",
     description="engine test workflow",
 )

@@ -1,9 +1,11 @@
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+
+from recovery.management.base import RecoveryCommand
 
 
-class Command(BaseCommand):
+class Command(RecoveryCommand):
     help = "Create (or reset) the demo login for the embedded default and print it. Refused unless DJANGO_DEBUG is on."
 
     def handle(self, *args, **options):

@@ -1,14 +1,15 @@
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from recovery import transitions
 from recovery.errors import InvalidTransition
+from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
 
 ACTIONS = ("resume", "reconcile", "retry", "compensate", "terminate")
 
 
-class Command(BaseCommand):
+class Command(RecoveryCommand):
     help = "Apply an operator recovery action to a run, audited with the operator and a reason."
 
     def add_arguments(self, parser):

@@ -1,9 +1,13 @@
-from django.core.management.base import BaseCommand
+import os
 
+from django.core.management.base import CommandError
+
+from recovery import failpoints
 from recovery.executor import run_forever
+from recovery.management.base import RecoveryCommand
 
 
-class Command(BaseCommand):
+class Command(RecoveryCommand):
     help = "Run the embedded executor: advance due runs in-process (no broker)."
 
     def add_arguments(self, parser):
@@ -11,5 +15,9 @@ class Command(BaseCommand):
         parser.add_argument("--poll", type=float, default=1.0, help="seconds between polls when idle")
 
     def handle(self, *args, until_idle, poll, **options):
+        try:
+            failpoints.parse(os.environ.get("RECOVERY_FAILPOINTS", ""))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         advanced = run_forever(until_idle=until_idle, poll_seconds=poll)
         self.stdout.write(f"advanced {advanced} run(s); nothing is due now")

@@ -1,12 +1,13 @@
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
+from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
 from recovery.selectors import run_document
 
 
-class Command(BaseCommand):
+class Command(RecoveryCommand):
     help = "Show a run: state, steps (keys, remote references, errors) and audit trail."
 
     def add_arguments(self, parser):
@@ -24,7 +25,9 @@ class Command(BaseCommand):
         self.stdout.write(f"{doc['workflow_id']}  {doc['state']}  {doc['status_reason']}")
         for s in doc["steps"]:
             err = f"  [{s['last_error_kind']}] {s['last_error']}" if s["last_error_kind"] else ""
-            self.stdout.write(f"  {s['name']:<28} {s['state']:<12} attempts={s['attempts']} ref={s['remote_ref'] or '-'}{err}")
+            self.stdout.write(
+                f"  {s['name']:<28} {s['state']:<12} attempts={s['attempts']} ref={s['remote_ref'] or '-'}{err}"
+            )
 
 
 def _dumps(doc: dict) -> str:

@@ -1,13 +1,14 @@
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from recovery.errors import StartConflict
+from recovery.management.base import RecoveryCommand
 from recovery.transitions import run_start
 from recovery.workflow import get_workflow
 
 
-class Command(BaseCommand):
+class Command(RecoveryCommand):
     help = "Start a workflow for a business event and print its workflow id (the same event gives the same id)."
 
     def add_arguments(self, parser):
