@@ -181,15 +181,14 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
     request_hash = payload_hash(intent)
     if step.request_hash and step.request_hash != request_hash:
         # Stripe's rule: the same key with a different payload is a conflict, never a replay.
-        transitions.step_fail(
-            lease=lease,
-            step_name=name,
-            spec=spec,
-            error=PermanentError(
-                f"idempotency key {step.idempotency_key[:12]}… was already used with a different request; "
-                "a changed business action needs a new key version"
-            ),
+        conflict = (
+            f"idempotency key {step.idempotency_key[:12]}… was already used with a different request; "
+            "a changed business action needs a new key version"
         )
+        if step.state == StepState.UNKNOWN:  # never relabel unknown as failed
+            transitions.run_review(lease=lease, step_name=name, reason=conflict)
+        else:
+            transitions.step_fail(lease=lease, step_name=name, spec=spec, error=PermanentError(conflict))
         return
 
     transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)

@@ -66,7 +66,8 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
 STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "begin": (frozenset({StepState.PENDING, StepState.FAILED, StepState.UNKNOWN}), StepState.RUNNING),
     "succeed": (frozenset({StepState.RUNNING, StepState.UNKNOWN, StepState.PENDING}), StepState.SUCCEEDED),
-    "fail": (frozenset({StepState.RUNNING, StepState.PENDING}), StepState.FAILED),
+    # from pending/failed: refused before the call (an intent that cannot be built or conflicts)
+    "fail": (frozenset({StepState.RUNNING, StepState.PENDING, StepState.FAILED}), StepState.FAILED),
     "mark_unknown": (frozenset({StepState.RUNNING}), StepState.UNKNOWN),
     "defer_reconcile": (frozenset({StepState.UNKNOWN}), StepState.UNKNOWN),
     "reset": (frozenset({StepState.UNKNOWN, StepState.FAILED}), StepState.PENDING),
