@@ -70,6 +70,14 @@ def advance(run_pk: int, *, owner: str | None = None) -> str | None:
             transitions.run_release(lease=lease, reason="transition limit per claim reached; due again")
     except LeaseLost as exc:
         log.warning("stopped advancing: %s", exc)
+    except failpoints.FailpointRaised:
+        raise  # behaves as a crash at that point: the lease expires and the run is taken over
+    except Exception as exc:
+        # A bug in a workflow or the engine would otherwise crash every executor that takes
+        # this run over, forever. Hand it to an operator instead (if the database still
+        # answers; if not, the lease expires and the run is taken over later).
+        log.exception("executor error on run %s", run_pk)
+        transitions.run_review(lease=lease, reason=f"executor error: {type(exc).__name__}: {exc}"[:2000])
     return WorkflowRun.objects.filter(pk=run_pk).values_list("state", flat=True).first()
 
 
@@ -77,7 +85,19 @@ def _load(lease: Lease) -> _Plan | None:
     run = WorkflowRun.objects.filter(pk=lease.run_pk).first()
     if run is None or run.lease_generation != lease.generation or run.state != RunState.RUNNING:
         return None
-    return _Plan(run=run, workflow=get_workflow(run.workflow_name), steps=list(run.steps.order_by("position")))
+    try:
+        workflow = get_workflow(run.workflow_name)
+    except LookupError as exc:
+        transitions.run_review(lease=lease, reason=str(exc))
+        return None
+    if workflow.version != run.workflow_version:
+        # Its checkpoints were written by another definition: an operator decides.
+        transitions.run_review(
+            lease=lease,
+            reason=f"run started under {workflow.name} v{run.workflow_version}; v{workflow.version} is deployed",
+        )
+        return None
+    return _Plan(run=run, workflow=workflow, steps=list(run.steps.order_by("position")))
 
 
 def _step_once(lease: Lease, plan: _Plan) -> bool:
@@ -191,6 +211,13 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             transitions.step_fail(lease=lease, step_name=name, spec=spec, error=PermanentError(conflict))
         return
 
+    if step.attempts - step.budget_start_attempt >= spec.retry.maximum_attempts:
+        # Only a worker dying mid-call again and again gets here (failures stop at the budget
+        # in step_fail): a poison step goes to review instead of crashing executors forever.
+        transitions.run_review(
+            lease=lease, step_name=name, reason=f"{name}: {step.attempts} attempts without a recorded outcome"
+        )
+        return
     transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
     failpoints.hit(name, "before_call")
     ctx = StepContext(**{**ctx.__dict__, "intent": intent})

@@ -261,3 +261,38 @@ def test_same_key_with_a_different_request_is_a_visible_conflict_not_a_replay(cl
     assert task.attempts == 1  # the conflicting request was never sent
     assert receivers.counts() == {"task": 0, "message": 0, "ledger": 0, "model_call": 1}
     assert_invariants()
+
+
+def test_a_step_that_kills_its_worker_every_time_goes_to_review_not_round_forever(clock, monkeypatch):
+    """Rule 9: no unbounded loop, even when every attempt dies before its outcome is saved."""
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "read:after_call=raise")
+    run = start()
+    for _ in range(FAST.maximum_attempts + 2):
+        try:
+            advance(run.pk)
+        except failpoints.FailpointRaised:
+            pass
+        clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
+    run.refresh_from_db()
+    assert run.state == RunState.NEEDS_REVIEW
+    assert step(run, "read").attempts == FAST.maximum_attempts
+    assert "without a recorded outcome" in run.status_reason
+    assert_invariants()
+
+
+def test_a_bug_in_a_step_result_goes_to_review_with_the_error(clock, monkeypatch):
+    from tests.support import workflows
+
+    monkeypatch.setattr(workflows.read, "call", lambda ctx: {"when": object()})  # not JSON-serialisable
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    assert "executor error" in run.status_reason
+    assert receivers.counts()["model_call"] == 0
+
+
+def test_a_run_started_under_another_workflow_version_goes_to_review(clock):
+    run = start()
+    WorkflowRun.objects.filter(pk=run.pk).update(workflow_version=99)
+    run = drive(run, clock)
+    assert run.state == RunState.NEEDS_REVIEW and "v99" in run.status_reason
+    assert receivers.counts() == {"task": 0, "message": 0, "ledger": 0, "model_call": 0}
