@@ -73,14 +73,17 @@ def test_worker_killed_at_a_failpoint_is_resumed_by_another_process_with_one_obj
     assert run.audit_events.filter(action="step_unknown", step_name=step).count() == 1
 
 
-@pytest.mark.parametrize("args", [
-    ["start_workflow", "test_orders"],  # --input missing
-    ["start_workflow", "test_orders", "--input", "{oops"],
-    ["start_workflow", "nope", "--input", "{}"],
-    ["show_run", "order:none:none", "--json"],
-    ["recover", "explode", "order:x:y", "--reason", "r", "--as", "olga"],
-    ["run_executor", "--until-idle"],  # with a malformed RECOVERY_FAILPOINTS, below
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["start_workflow", "test_orders"],  # --input missing
+        ["start_workflow", "test_orders", "--input", "{oops"],
+        ["start_workflow", "nope", "--input", "{}"],
+        ["show_run", "order:none:none", "--json"],
+        ["recover", "explode", "order:x:y", "--reason", "r", "--as", "olga"],
+        ["run_executor", "--until-idle"],  # with a malformed RECOVERY_FAILPOINTS, below
+    ],
+)
 def test_bad_arguments_print_one_line_on_stderr_exit_non_zero_and_write_nothing(args):
     env = {"RECOVERY_FAILPOINTS": "create_task=boom"} if args[0] == "run_executor" else {}
     result = manage(*args, **env)
