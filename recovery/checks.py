@@ -36,4 +36,12 @@ def check_recovery_contracts(app_configs=None, **kwargs) -> list[checks.CheckMes
                         id="recovery.E004",
                     )
                 )
+            if spec.compensable and spec.compensation_fn is None:
+                errors.append(
+                    checks.Error(
+                        f"{where} is declared compensable but has no compensation",
+                        hint=f"declare @{spec.name}.compensate(description=..., who=...)",
+                        id="recovery.E005",
+                    )
+                )
     return errors

@@ -22,7 +22,17 @@ from . import clock, failpoints, transitions
 from .errors import ErrorKind, InvalidModelOutput, LeaseLost, PermanentError, StepError, UnknownOutcome, classify
 from .models import DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
 from .transitions import DONE_STEP_STATES, Lease
-from .workflow import Outcome, Reconcile, StepContext, StepSpec, Workflow, get_workflow, payload_hash
+from .workflow import (
+    CompensationPolicy,
+    Outcome,
+    Reconcile,
+    StepContext,
+    StepSpec,
+    Workflow,
+    compensation_key,
+    get_workflow,
+    payload_hash,
+)
 
 log = logging.getLogger("recovery.executor")
 
@@ -47,6 +57,10 @@ class _Plan:
             results={s.step_name: s.result for s in self.steps if s.state == StepState.SUCCEEDED},
             intent=step.intent,
         )
+
+    @property
+    def auto_compensate(self) -> bool:
+        return self.workflow.compensation == CompensationPolicy.AUTOMATIC
 
     def is_last(self, step: StepExecution) -> bool:
         return all(s.state in DONE_STEP_STATES for s in self.steps if s.pk != step.pk)
@@ -83,7 +97,7 @@ def advance(run_pk: int, *, owner: str | None = None) -> str | None:
 
 def _load(lease: Lease) -> _Plan | None:
     run = WorkflowRun.objects.filter(pk=lease.run_pk).first()
-    if run is None or run.lease_generation != lease.generation or run.state != RunState.RUNNING:
+    if run is None or run.lease_generation != lease.generation or run.state not in transitions.LEASED_RUN_STATES:
         return None
     try:
         workflow = get_workflow(run.workflow_name)
@@ -102,6 +116,8 @@ def _load(lease: Lease) -> _Plan | None:
 
 def _step_once(lease: Lease, plan: _Plan) -> bool:
     """Make one transition. Returns False when this executor should let go of the run."""
+    if plan.run.state == RunState.COMPENSATING:
+        return _compensate_once(lease, plan)
     step = plan.next_step()
     if step is None:
         transitions.run_complete(lease=lease)
@@ -208,7 +224,13 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
         if step.state == StepState.UNKNOWN:  # never relabel unknown as failed
             transitions.run_review(lease=lease, step_name=name, reason=conflict)
         else:
-            transitions.step_fail(lease=lease, step_name=name, spec=spec, error=PermanentError(conflict))
+            transitions.step_fail(
+                lease=lease,
+                step_name=name,
+                spec=spec,
+                error=PermanentError(conflict),
+                auto_compensate=plan.auto_compensate,
+            )
         return
 
     if step.attempts - step.budget_start_attempt >= spec.retry.maximum_attempts:
@@ -251,8 +273,48 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
     elif error.kind == ErrorKind.UNKNOWN_OUTCOME:
         transitions.step_mark_unknown(lease=lease, step_name=name, error=error, spec=spec)
     else:
-        transitions.step_fail(lease=lease, step_name=name, error=error, spec=spec)
+        transitions.step_fail(lease=lease, step_name=name, error=error, spec=spec, auto_compensate=plan.auto_compensate)
     failpoints.hit(name, "after_outcome")
+
+
+def _compensate_once(lease: Lease, plan: _Plan) -> bool:
+    """Undo the next marked step, latest first (reverse dependency order)."""
+    marked = sorted((s for s in plan.steps if s.state == StepState.COMPENSATING), key=lambda s: -s.position)
+    if not marked:
+        transitions.run_compensation_done(lease=lease)
+        return False
+    step = marked[0]
+    if step.next_attempt_at is not None and step.next_attempt_at > clock.now():
+        transitions.run_wait(
+            lease=lease, wake_at=step.next_attempt_at, reason=f"{step.step_name}: compensation not due"
+        )
+        return False
+    spec = plan.workflow.get_step(step.step_name)
+    assert spec.compensation_fn is not None  # only compensable steps are ever marked
+    point = f"{step.step_name}.compensate"
+    ctx = StepContext(
+        workflow_id=plan.run.workflow_id,
+        input=plan.run.input,
+        step=step.step_name,
+        idempotency_key=compensation_key(plan.run.workflow_id, step.step_name, step.key_version),
+        results={s.step_name: s.result for s in plan.steps if s.result is not None},
+        intent={"remote_ref": step.remote_ref, "result": step.result, "intent": step.intent},
+    )
+    transitions.compensation_begin(lease=lease, step_name=step.step_name)
+    failpoints.hit(point, "before_call")
+    error: StepError | None = None
+    try:
+        raw = spec.compensation_fn(ctx)
+    except failpoints.FailpointRaised:
+        raise
+    except Exception as exc:
+        error = classify(exc)
+    failpoints.hit(point, "after_call")
+    if error is None:
+        transitions.compensation_succeed(lease=lease, step_name=step.step_name, outcome=_as_outcome(raw))
+        return True
+    transitions.compensation_fail(lease=lease, step_name=step.step_name, error=error, spec=spec)
+    return False
 
 
 def _validate_decision(spec: StepSpec, raw: Any) -> dict[str, Any]:

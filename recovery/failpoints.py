@@ -14,7 +14,7 @@ import time
 from functools import lru_cache
 
 POINTS = ("before_intent", "before_call", "after_call", "after_outcome")
-_ENTRY = re.compile(r"^(?P<step>[\w*-]+):(?P<point>\w+)=(?P<action>crash|raise|sleep\((?P<ms>\d+)\))$")
+_ENTRY = re.compile(r"^(?P<step>[\w*.-]+):(?P<point>\w+)=(?P<action>crash|raise|sleep\((?P<ms>\d+)\))$")
 
 
 class FailpointRaised(Exception):

@@ -84,6 +84,10 @@ class StepExecution(models.Model):
     last_error_kind = models.CharField(max_length=24, choices=ErrorKind.choices, blank=True)
     last_error = models.TextField(blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # The compensation of this step's effect (rule 10), with its own key and evidence.
+    compensation_attempts = models.PositiveIntegerField(default=0)
+    compensation_ref = models.CharField(max_length=255, blank=True)
+    compensation_result = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField()
     history = HistoricalRecords()
 

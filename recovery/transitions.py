@@ -31,6 +31,7 @@ from .errors import (
     LeaseLost,
     StartConflict,
     StepError,
+    TransientError,
 )
 from .models import AuditEvent, DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
 from .workflow import Outcome, Reconcile, StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
@@ -42,6 +43,7 @@ EXECUTOR = "executor"
 # action -> (states it may start from, state it leads to)
 RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
     "claim": (frozenset({RunState.PENDING, RunState.WAITING, RunState.RUNNING}), RunState.RUNNING),
+    "claim_compensation": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATING),
     "wait": (frozenset({RunState.RUNNING}), RunState.WAITING),
     "release": (frozenset({RunState.RUNNING}), RunState.PENDING),
     "complete": (frozenset({RunState.RUNNING}), RunState.COMPLETED),
@@ -61,6 +63,24 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
         ),
         RunState.TERMINATED,
     ),
+    "compensate": (
+        frozenset(
+            {
+                RunState.PENDING,
+                RunState.WAITING,
+                RunState.NEEDS_REVIEW,
+                RunState.FAILED,
+                RunState.COMPLETED,
+                RunState.COMPENSATION_FAILED,
+                RunState.TERMINATED,
+            }
+        ),
+        RunState.COMPENSATING,
+    ),
+    "compensation_wait": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATING),
+    "compensation_fail": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATION_FAILED),
+    # the target depends on what is left: compensated, completed, or needs_review
+    "compensation_done": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATED),
 }
 
 STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
@@ -71,7 +91,13 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "mark_unknown": (frozenset({StepState.RUNNING}), StepState.UNKNOWN),
     "defer_reconcile": (frozenset({StepState.UNKNOWN}), StepState.UNKNOWN),
     "reset": (frozenset({StepState.UNKNOWN, StepState.FAILED}), StepState.PENDING),
+    "skip": (frozenset({StepState.PENDING}), StepState.SKIPPED),
+    "compensate": (frozenset({StepState.SUCCEEDED, StepState.COMPENSATION_FAILED}), StepState.COMPENSATING),
+    "compensation_begin": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATING),
+    "compensation_succeed": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATED),
+    "compensation_fail": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATION_FAILED),
 }
+LEASED_RUN_STATES = frozenset({RunState.RUNNING, RunState.COMPENSATING})
 
 TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED})
 DONE_STEP_STATES = frozenset({StepState.SUCCEEDED, StepState.SKIPPED})
@@ -154,7 +180,7 @@ RUN_LEASE_FIELDS = ["state", "lease_owner", "lease_expires_at", "lease_generatio
 def _locked_run(lease: Lease) -> WorkflowRun:
     """Lock the run and check the fencing token. Raises LeaseLost if another executor took it."""
     run = WorkflowRun.objects.select_for_update().filter(pk=lease.run_pk).first()
-    if run is None or run.lease_generation != lease.generation or run.state != RunState.RUNNING:
+    if run is None or run.lease_generation != lease.generation or run.state not in LEASED_RUN_STATES:
         raise LeaseLost(f"lease {lease.generation} on run {lease.run_pk} is no longer held")
     return run
 
@@ -253,7 +279,7 @@ def claimable(now: datetime) -> Q:
     """Runs an executor may take now: due and unowned, or owned by a lease that expired."""
     unowned = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
     due = Q(next_wake_at__isnull=True) | Q(next_wake_at__lte=now)
-    return (Q(state__in=[RunState.PENDING, RunState.WAITING]) & due & unowned) | Q(
+    return (Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING]) & due & unowned) | Q(
         state=RunState.RUNNING, lease_expires_at__lte=now
     )
 
@@ -270,10 +296,12 @@ def run_claim(*, run_pk: int, owner: str | None = None, now: datetime | None = N
         if run is None:
             return None
         before = _snap(run)
-        action = "lease_takeover" if run.state == RunState.RUNNING else "claim"
-        if action == "lease_takeover":
+        takeover = run.lease_owner != ""
+        action = "lease_takeover" if takeover else "claim"
+        if takeover:
             before["lease_owner"] = run.lease_owner
-        run.state = _check(RUN_TRANSITIONS, "claim", run.state, "run")
+        kind = "claim_compensation" if run.state == RunState.COMPENSATING else "claim"
+        run.state = _check(RUN_TRANSITIONS, kind, run.state, "run")
         run.lease_owner = owner
         run.lease_generation += 1
         run.next_wake_at = None
@@ -376,12 +404,20 @@ def step_succeed(
 
 
 def step_fail(
-    *, lease: Lease, step_name: str, error: StepError, spec: StepSpec, now: datetime | None = None
+    *,
+    lease: Lease,
+    step_name: str,
+    error: StepError,
+    spec: StepSpec,
+    auto_compensate: bool = False,
+    now: datetime | None = None,
 ) -> StepExecution:
     """Record a failed attempt and decide what follows, by the error's kind and the step's
     budget: a scheduled retry (run waiting), a permanent stop (run failed, the transient
     budget untouched), or review (budget exhausted, unclassified, or too many invalid model
-    outputs — the bad output kept when the step allows)."""
+    outputs — the bad output kept when the step allows). With ``auto_compensate`` (the
+    workflow's policy), a permanent failure starts compensating the completed steps; a
+    technical error never does."""
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run(lease)
@@ -440,6 +476,8 @@ def step_fail(
             after=_snap(run, step),
             now=now,
         )
+        if auto_compensate and outcome == RunState.FAILED and delay is None and _compensation_targets(run):
+            _start_compensation(run, actor=None, reason=f"automatic: {step_name} failed permanently", now=now)
         return step
 
 
@@ -549,8 +587,11 @@ def run_wait(*, lease: Lease, wake_at: datetime, reason: str, now: datetime | No
     with transaction.atomic():
         run = _locked_run(lease)
         before = _snap(run)
-        _check(RUN_TRANSITIONS, "wait", run.state, "run")
-        _release_into(run, RunState.WAITING, wake_at=wake_at, reason=reason)
+        if run.state == RunState.COMPENSATING:  # a compensation waits as compensating
+            target = _check(RUN_TRANSITIONS, "compensation_wait", run.state, "run")
+        else:
+            target = _check(RUN_TRANSITIONS, "wait", run.state, "run")
+        _release_into(run, target, wake_at=wake_at, reason=reason)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
         _audit(run, "wait", actor=None, reason=reason, before=before, after=_snap(run), now=now)
 
@@ -609,7 +650,7 @@ def _require_reason(reason: str) -> str:
 
 
 def _live_lease(run: WorkflowRun, now: datetime) -> bool:
-    return run.state == RunState.RUNNING and run.lease_expires_at is not None and run.lease_expires_at > now
+    return bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
 
 
 def run_resume(
@@ -802,3 +843,226 @@ def decision_supersede(
         )
         _enqueue_on_commit(run.pk)
         return run
+
+
+# --- compensation (rule 10) -----------------------------------------------------------
+
+
+def _compensation_targets(run: WorkflowRun, step_name: str | None = None) -> list[StepExecution]:
+    workflow = get_workflow(run.workflow_name)
+    compensable = {spec.name for spec in workflow.steps if spec.compensation_fn is not None}
+    steps = list(StepExecution.objects.select_for_update().filter(run=run).order_by("position"))
+    unknown = [s.step_name for s in steps if s.state == StepState.UNKNOWN]
+    if unknown:
+        # First establish whether the original action happened at all.
+        raise InvalidTransition(f"reconcile {', '.join(unknown)} first: its outcome is unknown")
+    undoable = (StepState.SUCCEEDED, StepState.COMPENSATION_FAILED)
+    if step_name is not None:
+        step = next((s for s in steps if s.step_name == step_name), None)
+        if step is None:
+            raise InvalidTransition(f"run {run.workflow_id} has no step {step_name!r}")
+        if step_name not in compensable:
+            raise InvalidTransition(f"step {step_name} declares no compensation")
+        if step.state not in undoable:
+            raise InvalidTransition(f"step {step_name} is {step.state}; only a completed step can be compensated")
+        later = [
+            s.step_name
+            for s in steps
+            if s.position > step.position and s.state in undoable and s.step_name in compensable
+        ]
+        if later:
+            raise InvalidTransition(f"compensate {', '.join(later)} first: compensations run in reverse order")
+        return [step]
+    return [s for s in steps if s.step_name in compensable and s.state in undoable]
+
+
+def _start_compensation(
+    run: WorkflowRun,
+    *,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    now: datetime,
+    step_name: str | None = None,
+) -> list[str]:
+    """Mark what will be compensated and hand the run to the executor, which undoes each
+    marked step in reverse order. Steps that never ran are skipped (whole-run only)."""
+    targets = _compensation_targets(run, step_name)
+    if not targets:
+        raise InvalidTransition(f"run {run.workflow_id} has no completed step with a compensation")
+    before = _snap(run)
+    _check(RUN_TRANSITIONS, "compensate", run.state, "run")
+    if step_name is None:
+        for step in StepExecution.objects.select_for_update().filter(run=run, state=StepState.PENDING):
+            step.state = _check(STEP_TRANSITIONS, "skip", step.state, "step")
+            _save_step(step, ["state"], now, actor)
+    for step in targets:
+        step.state = _check(STEP_TRANSITIONS, "compensate", step.state, "step")
+        step.next_attempt_at = None
+        _save_step(step, ["state", "next_attempt_at"], now, actor)
+    names = [s.step_name for s in sorted(targets, key=lambda s: -s.position)]
+    _release_into(run, RunState.COMPENSATING, reason=f"compensating {', '.join(names)}")
+    run.lease_generation += 1  # fence out any executor still holding a lease
+    _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+    _audit(
+        run,
+        "compensate",
+        actor=actor,
+        step_name=step_name or "",
+        reason=reason,
+        before=before,
+        after={**_snap(run), "order": names},
+        now=now,
+    )
+    _enqueue_on_commit(run.pk)
+    return names
+
+
+def run_compensate(
+    *,
+    workflow_id: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    step_name: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Undo completed effects with their business compensations, in reverse order: one step,
+    or every completed compensable step of the run. Refused while an outcome is unknown or
+    an executor holds the run. Also retries a compensation that failed."""
+    reason = _require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id)
+        if _live_lease(run, now):
+            raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
+        _start_compensation(run, actor=actor, reason=reason, now=now, step_name=step_name)
+        return run
+
+
+def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = None) -> StepExecution:
+    """Record that the compensation call is about to be made (it may be made again after a
+    crash: compensations are idempotent under their own key)."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
+        step.compensation_attempts += 1
+        step.next_attempt_at = None
+        _save_step(step, ["compensation_attempts", "next_attempt_at"], now)
+        run.current_step = step_name
+        _renew(run, now)
+        _save_run(run, ["current_step", "lease_expires_at"], now)
+        _audit(
+            run,
+            "compensation_begin",
+            actor=None,
+            step_name=step_name,
+            before=before,
+            after={**_snap(run, step), "compensation_attempts": step.compensation_attempts},
+            now=now,
+        )
+        return step
+
+
+def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now: datetime | None = None) -> None:
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        step.state = _check(STEP_TRANSITIONS, "compensation_succeed", step.state, "step")
+        step.compensation_ref = outcome.remote_ref
+        step.compensation_result = outcome.result
+        _save_step(step, ["state", "compensation_ref", "compensation_result"], now)
+        _renew(run, now)
+        _save_run(run, ["lease_expires_at"], now)
+        _audit(
+            run,
+            "compensation_succeed",
+            actor=None,
+            step_name=step_name,
+            before=before,
+            after={**_snap(run, step), "compensation_ref": outcome.remote_ref},
+            now=now,
+        )
+
+
+def compensation_fail(
+    *, lease: Lease, step_name: str, error: StepError, spec: StepSpec, now: datetime | None = None
+) -> None:
+    """A compensation failed. Compensations are idempotent, so transient errors and unknown
+    outcomes are retried within the step's budget; anything else, or an exhausted budget,
+    stops in the visible ``compensation_failed`` state — never reported as rolled back."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        step.last_error_kind = error.kind
+        step.last_error = f"compensation: {error.message}"[:4000]
+        retryable = error.kind == ErrorKind.UNKNOWN_OUTCOME or spec.retry.retries(error.kind)
+        delay = (
+            spec.retry.next_delay(
+                step.compensation_attempts, TransientError(error.message, retry_after=error.retry_after)
+            )
+            if retryable
+            else None
+        )
+        if delay is not None:
+            _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
+            step.next_attempt_at = now + timedelta(seconds=delay)
+            _check(RUN_TRANSITIONS, "compensation_wait", run.state, "run")
+            _release_into(
+                run,
+                RunState.COMPENSATING,
+                wake_at=step.next_attempt_at,
+                reason=f"{step_name}: compensation retry scheduled",
+            )
+            action = "compensation_retry"
+        else:
+            step.state = _check(STEP_TRANSITIONS, "compensation_fail", step.state, "step")
+            step.next_attempt_at = None
+            _check(RUN_TRANSITIONS, "compensation_fail", run.state, "run")
+            _release_into(
+                run, RunState.COMPENSATION_FAILED, reason=f"{step_name}: compensation failed: {error.message}"
+            )
+            action = "compensation_fail"
+        _save_step(step, ["state", "last_error_kind", "last_error", "next_attempt_at"], now)
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        _audit(
+            run,
+            action,
+            actor=None,
+            step_name=step_name,
+            reason=error.message[:1000],
+            before=before,
+            after=_snap(run, step),
+            now=now,
+        )
+
+
+def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunState:
+    """Every marked step is compensated. The run is ``compensated`` when no completed effect
+    is left; after compensating only some steps it returns to ``completed`` (if nothing else
+    is outstanding) or to ``needs_review``."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "compensation_done", run.state, "run")
+        workflow = get_workflow(run.workflow_name)
+        compensable = {spec.name for spec in workflow.steps if spec.compensation_fn is not None}
+        states = dict(StepExecution.objects.filter(run=run).values_list("step_name", "state"))
+        left = [name for name, state in states.items() if name in compensable and state == StepState.SUCCEEDED]
+        if not left:
+            target, why = RunState.COMPENSATED, "every completed effect was compensated"
+        elif all(state in (*DONE_STEP_STATES, StepState.COMPENSATED) for state in states.values()):
+            target, why = RunState.COMPLETED, f"compensated some steps; {', '.join(left)} stand"
+        else:
+            target, why = RunState.NEEDS_REVIEW, f"compensated some steps; {', '.join(left)} stand"
+        _release_into(run, target, reason=why)
+        run.current_step = ""
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason", "current_step"], now)
+        _audit(run, "compensation_done", actor=None, reason=why, before=before, after=_snap(run), now=now)
+        return target

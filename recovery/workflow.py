@@ -48,6 +48,23 @@ class Reconcile(models.TextChoices):
     OPERATOR = "operator", "operator review"
 
 
+class CompensationPolicy(models.TextChoices):
+    """What a late permanent failure does to the effects already made. Technical errors
+    (unknown outcomes, exhausted retries) never compensate by themselves either way."""
+
+    OPERATOR = "operator", "wait for an operator to decide"
+    AUTOMATIC = "automatic", "compensate completed steps at once, in reverse order"
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """The contract of a step's compensation (rule 10)."""
+
+    description: str
+    who: str = "supervisor"  # the lowest role that may trigger it by hand
+    restores: bool = False  # True only if it truly restores the previous state ("rolled back")
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What a side-effecting call observably produced."""
@@ -76,6 +93,11 @@ def idempotency_key(workflow_id: str, step: str, key_version: int) -> str:
     return hashlib.sha256(f"{workflow_id}:{step}:v{key_version}".encode()).hexdigest()
 
 
+def compensation_key(workflow_id: str, step: str, key_version: int) -> str:
+    """A compensation's own stable key, distinct from the key of the action it undoes."""
+    return idempotency_key(workflow_id, f"{step}.compensate", key_version)
+
+
 def payload_hash(payload: Any) -> str:
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
@@ -96,7 +118,9 @@ class StepSpec:
     keep_invalid_output: bool = True
     intent_fn: Callable[[StepContext], dict[str, Any]] | None = None
     lookup_fn: Callable[[StepContext], Outcome | None] | None = None
+    compensable: bool = False
     compensation_fn: Callable[[StepContext], Any] | None = None
+    compensation: Compensation | None = None
 
     # decorators, in the style of property setters
     def intent(self, fn: Callable[[StepContext], dict[str, Any]]) -> Callable:
@@ -107,9 +131,22 @@ class StepSpec:
         self.lookup_fn = fn
         return fn
 
-    def compensate(self, fn: Callable[[StepContext], Any]) -> Callable:
-        self.compensation_fn = fn
-        return fn
+    def compensate(
+        self, fn: Callable | None = None, *, description: str = "", who: str = "supervisor", restores: bool = False
+    ) -> Callable:
+        """Declare the business operation that undoes this step's effect. It gets the step's
+        result in ``ctx.intent`` (``remote_ref``, ``result``, ``intent``) and its own stable
+        ``ctx.idempotency_key``; it must be idempotent under that key, because after a crash
+        it is simply run again."""
+
+        def register(f: Callable) -> Callable:
+            self.compensation_fn = f
+            self.compensation = Compensation(
+                description=description or (f.__doc__ or f.__name__).strip().splitlines()[0], who=who, restores=restores
+            )
+            return f
+
+        return register(fn) if fn is not None else register
 
     @property
     def is_decision(self) -> bool:
@@ -126,7 +163,8 @@ class StepSpec:
             "decision_schema": f"{self.decision_schema.__name__} v{self.schema_version}"
             if self.decision_schema
             else "",
-            "compensation": self.compensation_fn.__name__ if self.compensation_fn else "",
+            "compensation": self.compensation.description if self.compensation else "",
+            "compensation_by": self.compensation.who if self.compensation else "",
         }
 
 
@@ -139,12 +177,14 @@ class Workflow:
         workflow_id: Callable[[dict[str, Any]], str],
         input_schema: type[pydantic.BaseModel] | None = None,
         description: str = "",
+        compensation: CompensationPolicy = CompensationPolicy.OPERATOR,
     ):
         self.name = name
         self.version = version
         self._workflow_id = workflow_id
         self.input_schema = input_schema
         self.description = description
+        self.compensation = CompensationPolicy(compensation)
         self.steps: list[StepSpec] = []
         register(self)
 
@@ -156,6 +196,7 @@ class Workflow:
         key_version: int = 1,
         retry: RetryPolicy = DEFAULT_POLICY,
         reconcile: Reconcile | None = None,
+        compensable: bool = False,
         name: str | None = None,
     ) -> Callable[[Callable], StepSpec]:
         """Declare the next step. A step safe to re-run reconciles by re-running by default."""
@@ -172,6 +213,7 @@ class Workflow:
                 retry=retry,
                 reconcile=Reconcile(reconcile) if reconcile else None,
                 position=len(self.steps),
+                compensable=compensable,
             )
             if any(s.name == spec.name for s in self.steps):
                 raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")

@@ -57,11 +57,11 @@ def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 60) -> Wor
     for _ in range(max_rounds):
         advance(run.pk, owner="test-executor")
         run.refresh_from_db()
-        if run.state == RunState.WAITING:
-            clock.set(run.next_wake_at)
-        elif run.state == RunState.RUNNING:
+        if run.lease_owner:  # a crashed worker's lease: wait for it to expire
             clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
-        elif run.state != RunState.PENDING:
+        elif run.next_wake_at is not None:
+            clock.set(run.next_wake_at)
+        elif run.state not in (RunState.PENDING, RunState.COMPENSATING):
             return run
     raise AssertionError(f"run {run.workflow_id} did not come to rest: {run.state}")
 
@@ -84,6 +84,8 @@ def assert_invariants() -> None:
         state=StepState.SUCCEEDED, step_name__in=["create_task", "notify", "post_entry"]
     ):
         assert step.remote_ref, f"{step} succeeded without a remote reference"
+    for step in StepExecution.objects.filter(state=StepState.COMPENSATED):
+        assert step.remote_ref and step.compensation_ref, f"{step} compensated without its evidence"
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

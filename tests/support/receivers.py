@@ -34,10 +34,15 @@ def clear() -> None:
 
 
 def counts() -> dict[str, int]:
-    out = {"task": 0, "message": 0, "ledger": 0, "model_call": 0}
-    for kind in out:
-        out[kind] = RemoteObject.objects.filter(kind=kind).count()
-    return out
+    """Objects created by the workflow's actions (and model calls), by kind."""
+    return {
+        kind: RemoteObject.objects.filter(kind=kind).count() for kind in ("task", "message", "ledger", "model_call")
+    }
+
+
+def compensations() -> dict[str, int]:
+    """Objects created by compensations, by kind."""
+    return {kind: RemoteObject.objects.filter(kind=kind).count() for kind in ("task_cancel", "correction", "reversal")}
 
 
 def _before(kind: str) -> str | None:
@@ -97,6 +102,42 @@ def post_entry(*, reference: str, payload: dict) -> Outcome:
 def find_entry(*, reference: str) -> Outcome | None:
     obj = RemoteObject.objects.filter(kind="ledger", dedupe_key=reference).first()
     return Outcome(remote_ref=f"entry-{obj.pk}", result={"entry_id": obj.pk}) if obj else None
+
+
+# --- compensations: each idempotent under its own key ----------------------------------
+
+
+def cancel_task(*, task_id: int, key: str, reason: str) -> Outcome:
+    mode = _before("task_cancel")
+    try:
+        with transaction.atomic():
+            obj = RemoteObject.objects.create(
+                kind="task_cancel", dedupe_key=key, payload={"task": task_id, "reason": reason}
+            )
+    except IntegrityError:
+        obj = RemoteObject.objects.get(kind="task_cancel", dedupe_key=key)
+    _after("task_cancel", mode)
+    return Outcome(remote_ref=f"cancel-{obj.pk}")
+
+
+def send_correction(*, client_ref: str, corrects: str, text: str) -> Outcome:
+    existing = RemoteObject.objects.filter(kind="correction", client_ref=client_ref).first()
+    if existing is None:
+        mode = _before("correction")
+        existing = RemoteObject.objects.create(kind="correction", client_ref=client_ref, payload={"corrects": corrects})
+        _after("correction", mode)
+    return Outcome(remote_ref=f"msg-{existing.pk}")
+
+
+def reverse_entry(*, entry_ref: str, reference: str) -> Outcome:
+    mode = _before("reversal")
+    try:
+        with transaction.atomic():
+            obj = RemoteObject.objects.create(kind="reversal", dedupe_key=reference, payload={"reverses": entry_ref})
+    except IntegrityError:
+        obj = RemoteObject.objects.get(kind="reversal", dedupe_key=reference)
+    _after("reversal", mode)
+    return Outcome(remote_ref=f"reversal-{obj.pk}")
 
 
 # --- a scripted model ------------------------------------------------------------------

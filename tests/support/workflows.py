@@ -58,7 +58,9 @@ def _(ctx):
     return {"text": ctx.result("read")["text"]}
 
 
-@orders.step(effect="a new task in the tracker", rerun=Rerun.NO, reconcile=Reconcile.RESEND, retry=FAST)
+@orders.step(
+    effect="a new task in the tracker", rerun=Rerun.NO, reconcile=Reconcile.RESEND, retry=FAST, compensable=True
+)
 def create_task(ctx):
     return receivers.create_task(key=ctx.idempotency_key, payload=ctx.intent)
 
@@ -69,7 +71,9 @@ def _(ctx):
     return {"title": f"Approve {ctx.input['order_id']}", "approver": d["approver"], "amount": d["amount"]}
 
 
-@orders.step(effect="a message to the approver", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST)
+@orders.step(
+    effect="a message to the approver", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST, compensable=True
+)
 def notify(ctx):
     return receivers.send_message(client_ref=ctx.idempotency_key, payload=ctx.intent)
 
@@ -84,7 +88,7 @@ def _(ctx):
     return receivers.find_message(client_ref=ctx.idempotency_key)
 
 
-@orders.step(effect="a ledger entry", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST)
+@orders.step(effect="a ledger entry", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST, compensable=True)
 def post_entry(ctx):
     return receivers.post_entry(reference=ctx.workflow_id, payload=ctx.intent)
 
@@ -97,3 +101,21 @@ def _(ctx):
 @post_entry.lookup
 def _(ctx):
     return receivers.find_entry(reference=ctx.workflow_id)
+
+
+@create_task.compensate(who="supervisor")
+def _(ctx):
+    """Cancel the task with a reason."""
+    return receivers.cancel_task(task_id=ctx.intent["result"]["task_id"], key=ctx.idempotency_key, reason="compensated")
+
+
+@notify.compensate(who="operator")
+def _(ctx):
+    """Send a correction to the approver."""
+    return receivers.send_correction(client_ref=ctx.idempotency_key, corrects=ctx.intent["remote_ref"], text="ignore")
+
+
+@post_entry.compensate(who="supervisor")
+def _(ctx):
+    """Post a reversing ledger entry."""
+    return receivers.reverse_entry(entry_ref=ctx.intent["remote_ref"], reference=ctx.idempotency_key)

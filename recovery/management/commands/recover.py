@@ -15,7 +15,7 @@ class Command(RecoveryCommand):
     def add_arguments(self, parser):
         parser.add_argument("action", choices=ACTIONS)
         parser.add_argument("workflow_id")
-        parser.add_argument("--step", help="the step (retry, reconcile)")
+        parser.add_argument("--step", help="the step (retry, reconcile; compensate: one step instead of the run)")
         parser.add_argument("--reason", required=True)
         parser.add_argument("--as", dest="username", required=True, help="the operator's username")
 
@@ -34,7 +34,7 @@ class Command(RecoveryCommand):
                 fn = transitions.step_retry if action == "retry" else transitions.step_reconcile
                 fn(workflow_id=workflow_id, step_name=step, actor=user, reason=reason)
             else:
-                raise CommandError("compensate is not available yet: no workflow declares compensations")
+                transitions.run_compensate(workflow_id=workflow_id, actor=user, reason=reason, step_name=step)
         except WorkflowRun.DoesNotExist:
             raise CommandError(f"no run {workflow_id!r}") from None
         except InvalidTransition as exc:
