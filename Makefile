@@ -17,6 +17,7 @@ install: $(STAMP)
 
 migrate: install
 	$(PY) manage.py migrate --noinput
+	$(PY) manage.py migrate --noinput --database sandbox
 
 # Console + embedded executor on SQLite; no servers needed. Ctrl-C stops both.
 run: migrate
@@ -26,8 +27,8 @@ run: migrate
 	  $(PY) manage.py run_executor & \
 	  $(PY) manage.py runserver 127.0.0.1:$(PORT) --noreload
 
-# The whole suite. Honours DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/recovery)
-# and CELERY_BROKER_URL; on the embedded default the PostgreSQL-only tests skip with a reason.
+# The whole suite. Honours DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/recovery),
+# SANDBOX_DATABASE_URL and CELERY_BROKER_URL; on the embedded default the PostgreSQL-only tests skip with a reason.
 test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest

@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "simple_history",
     "recovery",
     "workflows",
+    "sandbox",
 ]
 
 MIDDLEWARE = [
@@ -93,7 +94,10 @@ def database(url: str) -> dict:
 
 DATABASES = {
     "default": database(env("DATABASE_URL", f"sqlite:///{VAR_DIR / 'recovery.sqlite3'}")),
+    # The simulated external systems' own database: `migrate --database sandbox`.
+    "sandbox": database(env("SANDBOX_DATABASE_URL", f"sqlite:///{VAR_DIR / 'sandbox.sqlite3'}")),
 }
+DATABASE_ROUTERS = ["sandbox.routers.SandboxRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = []
@@ -132,6 +136,20 @@ RECOVERY_LEASE_SECONDS = float(env("RECOVERY_LEASE_SECONDS", "30"))
 RECOVERY_WORKFLOW_MODULES = [
     m.strip() for m in env("RECOVERY_WORKFLOW_MODULES", "workflows.registry").split(",") if m.strip()
 ]
+
+# --- Simulated external systems and the adapters that call them -----------------------
+SANDBOX_URL = env("SANDBOX_URL", f"http://127.0.0.1:{env('PORT', '8000')}").rstrip("/")
+# Seconds an adapter waits for a response once its request is sent; past it, the outcome is unknown.
+RECOVERY_HTTP_TIMEOUT = float(env("RECOVERY_HTTP_TIMEOUT", "5"))
+
+# --- Model providers -------------------------------------------------------------------
+MODEL_PROVIDER = env("MODEL_PROVIDER", "rules")
+if MODEL_PROVIDER not in {"rules", "openai"}:
+    raise ImproperlyConfigured("MODEL_PROVIDER must be 'rules' or 'openai'")
+OPENAI_BASE_URL = env("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip("/")
+OPENAI_API_KEY = env("OPENAI_API_KEY", "")
+OPENAI_MODEL = env("OPENAI_MODEL", "gpt-4o-mini")
+OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "30"))
 
 LOGGING = {
     "version": 1,

@@ -15,3 +15,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so that a subprocess (the crash tests) sees the same database.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-recovery.sqlite3")}
+if DATABASES["sandbox"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["sandbox"]["TEST"] = {"NAME": str(VAR_DIR / "test-sandbox.sqlite3")}
+RECOVERY_HTTP_TIMEOUT = 1.0

@@ -1,0 +1,63 @@
+import json
+
+from django.core.management.base import CommandError, CommandParser
+
+from recovery.management.base import RecoveryCommand
+from sandbox import faults
+
+
+class OneLineParser(CommandParser):
+    """A sub-command parser whose errors are one line, like the top-level RecoveryCommand's."""
+
+    def print_usage(self, file=None):
+        pass
+
+
+class Command(RecoveryCommand):
+    help = "Break the simulated systems on purpose: arm faults, clear everything, count what they hold."
+
+    def add_arguments(self, parser):
+        actions = parser.add_subparsers(
+            dest="action", required=True, metavar="{fault,clear,counts}", parser_class=OneLineParser
+        )
+        fault = actions.add_parser("fault", help="arm a fault for the next calls of SERVICE OPERATION")
+        fault.add_argument("service", help="tasks | messages | ledger")
+        fault.add_argument("operation", help="tasks: create|cancel; messages: send; ledger: post")
+        fault.add_argument(
+            "mode", help="fail_before_commit | commit_then_drop | rate_limit | forbidden | unavailable | slow"
+        )
+        fault.add_argument("--times", type=int, default=1, help="how many calls it hits (default 1)")
+        fault.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds for rate_limit")
+        fault.add_argument("--delay-ms", type=int, default=0, help="delay for slow and commit_then_drop")
+        actions.add_parser("clear", help="remove every fault, task, message and ledger entry")
+        counts = actions.add_parser("counts", help="what the simulated systems hold")
+        counts.add_argument("--json", action="store_true", help="print a JSON object")
+
+    def handle(self, *args, action, **options):
+        if action == "fault":
+            self.fault(options)
+        elif action == "clear":
+            faults.clear()
+            self.stdout.write("cleared: no faults, tasks, messages or ledger entries remain")
+        else:
+            numbers = faults.counts()
+            if options["json"]:
+                self.stdout.write(json.dumps(numbers))
+            else:
+                self.stdout.write(" ".join(f"{name}={value}" for name, value in numbers.items()))
+
+    def fault(self, options):
+        service, operation, mode = options["service"], options["operation"], options["mode"]
+        times, retry_after, delay_ms = options["times"], options["retry_after"], options["delay_ms"]
+        try:
+            fault = faults.set_fault(service, operation, mode, times=times, retry_after=retry_after, delay_ms=delay_ms)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        detail = {
+            "rate_limit": f", Retry-After {fault.retry_after}s",
+            "slow": f", delay {fault.delay_ms} ms",
+            "commit_then_drop": f", delay {fault.delay_ms} ms" if fault.delay_ms else ", delay: read timeout + 1 s",
+        }.get(fault.mode, "")
+        self.stdout.write(
+            f"armed: {fault.service} {fault.operation} {fault.mode} for the next {fault.remaining} call(s){detail}"
+        )

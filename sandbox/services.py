@@ -1,0 +1,228 @@
+"""What the simulated systems do, independent of HTTP: each function returns a ``Reply``
+(status, JSON body, headers) that the views send as is.
+
+Every write runs in ``transaction.atomic(using="sandbox")`` and has committed when the function
+returns, so a fault that "drops" the response after the write really leaves it committed.
+Uniqueness (idempotency keys, ledger references, one reversal per entry) is enforced by the
+database: insert, catch IntegrityError, then read what is there; never check-then-insert.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from .faults import DB, consume_fault
+from .models import (
+    FaultMode,
+    IdempotencyRecord,
+    LedgerEntry,
+    LedgerKind,
+    Message,
+    MessageKind,
+    Task,
+    TaskStatus,
+    parse_public_id,
+)
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int
+    body: dict
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def error(status: int, message: str, **extra) -> Reply:
+    return Reply(status, {"error": message, **extra})
+
+
+def results(items) -> Reply:
+    return Reply(200, {"results": [item.as_json() for item in items]})
+
+
+# --- Faults ----------------------------------------------------------------------------
+
+
+def drop_delay_seconds(delay_ms: int) -> float:
+    """How long ``commit_then_drop`` holds its answer: ``delay_ms``, or by default one second past
+    the adapters' read timeout, so that the caller gives up before the answer comes."""
+    if delay_ms:
+        return delay_ms / 1000
+    return float(settings.RECOVERY_HTTP_TIMEOUT) + 1
+
+
+def run_faultable(service: str, operation: str, perform: Callable[[], Reply]) -> Reply:
+    """Call ``perform`` under the next scripted fault for (service, operation), if any.
+
+    Invariant: the refusing modes (fail_before_commit, rate_limit, forbidden, unavailable) never
+    call ``perform``, so nothing is written; commit_then_drop calls it (it commits) and only then
+    waits; slow waits, then performs normally."""
+    fault = consume_fault(service, operation)
+    if fault is None:
+        return perform()
+    match fault.mode:
+        case FaultMode.FAIL_BEFORE_COMMIT:
+            return error(500, "simulated failure before commit: nothing was written")
+        case FaultMode.RATE_LIMIT:
+            reply = error(429, "rate limited (simulated)", retry_after=fault.retry_after)
+            return Reply(reply.status, reply.body, {"Retry-After": str(fault.retry_after)})
+        case FaultMode.FORBIDDEN:
+            return error(403, "forbidden (simulated)")
+        case FaultMode.UNAVAILABLE:
+            return error(503, "service unavailable (simulated)")
+        case FaultMode.SLOW:
+            time.sleep(fault.delay_ms / 1000)
+            return perform()
+        case FaultMode.COMMIT_THEN_DROP:
+            reply = perform()  # committed before it returns
+            time.sleep(drop_delay_seconds(fault.delay_ms))
+            return reply
+    raise AssertionError(f"unhandled fault mode {fault.mode!r}")
+
+
+# --- Tasks (honour Idempotency-Key) ----------------------------------------------------
+
+
+def request_hash(document: dict) -> str:
+    """A stable hash of a JSON request: key order and whitespace do not matter."""
+    canonical = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def create_task(*, key: str, title: str, assignee: str, payload: dict) -> Reply:
+    """Create a task under an Idempotency-Key, like Stripe.
+
+    Invariant: one key creates at most one task, even under concurrent requests: the key is
+    claimed by inserting its UNIQUE record; the loser of the race gets an IntegrityError and
+    reads the winner's record. The same request replays the stored first response (with
+    ``Idempotent-Replayed: true``); a different request with that key is a 422."""
+    digest = request_hash({"title": title, "assignee": assignee, "payload": payload})
+    with transaction.atomic(using=DB):
+        try:
+            with transaction.atomic(using=DB):
+                record = IdempotencyRecord.objects.using(DB).create(key=key, request_hash=digest)
+        except IntegrityError:
+            record = IdempotencyRecord.objects.using(DB).get(key=key)
+            if record.request_hash != digest:
+                return error(422, "idempotency key reused with a different payload")
+            return Reply(record.response_status, record.response_body, {"Idempotent-Replayed": "true"})
+        task = Task.objects.using(DB).create(title=title, assignee=assignee, payload=payload, idempotency_key=key)
+        record.response_status, record.response_body = 201, task.as_json()
+        record.save(using=DB, update_fields=["response_status", "response_body"])
+    return Reply(record.response_status, record.response_body)
+
+
+def find_tasks(*, idempotency_key: str | None) -> Reply:
+    tasks = Task.objects.using(DB).all()
+    if idempotency_key is not None:
+        tasks = tasks.filter(idempotency_key=idempotency_key)
+    return results(tasks)
+
+
+def cancel_task(task_id: str, *, reason: str) -> Reply:
+    """Cancel a task. Idempotent: only an open task changes, so the first reason is kept."""
+    pk = parse_public_id(Task.PREFIX, task_id)
+    with transaction.atomic(using=DB):
+        Task.objects.using(DB).filter(pk=pk, status=TaskStatus.OPEN).update(
+            status=TaskStatus.CANCELLED, cancel_reason=reason
+        )
+        task = Task.objects.using(DB).filter(pk=pk).first()
+    if task is None:
+        return error(404, f"no task {task_id!r}")
+    return Reply(200, task.as_json())
+
+
+# --- Messages (never dedupe) -----------------------------------------------------------
+
+
+def send_message(*, to: str, text: str, client_ref: str) -> Reply:
+    """Send a message. Invariant: every call is a new message; no key is honoured."""
+    with transaction.atomic(using=DB):
+        message = Message.objects.using(DB).create(to=to, text=text, client_ref=client_ref)
+    return Reply(201, message.as_json())
+
+
+def find_messages(*, client_ref: str | None) -> Reply:
+    messages = Message.objects.using(DB).order_by("created_at", "pk")
+    if client_ref is not None:
+        messages = messages.filter(client_ref=client_ref)
+    return results(messages)
+
+
+def correct_message(message_id: str, *, text: str, client_ref: str) -> Reply:
+    """Send a correction of a message: a new message (kind ``correction``) that points at it.
+    The original is never edited."""
+    pk = parse_public_id(Message.PREFIX, message_id)
+    with transaction.atomic(using=DB):
+        original = Message.objects.using(DB).filter(pk=pk).first()
+        if original is None:
+            return error(404, f"no message {message_id!r}")
+        correction = Message.objects.using(DB).create(
+            to=original.to, text=text, client_ref=client_ref, kind=MessageKind.CORRECTION, corrects=original
+        )
+    return Reply(201, correction.as_json())
+
+
+# --- Ledger (unique reference, reversals only) -----------------------------------------
+
+
+def post_entry(*, reference: str, amount: Decimal, currency: str, account: str, memo: str) -> Reply:
+    """Post a ledger entry. Invariant: a reference is posted at most once (UNIQUE); a duplicate
+    is a 409 naming the existing entry, and writes nothing."""
+    try:
+        with transaction.atomic(using=DB):
+            entry = LedgerEntry.objects.using(DB).create(
+                reference=reference, amount=amount, currency=currency, account=account, memo=memo
+            )
+    except IntegrityError:
+        return _duplicate_reference(reference)
+    return Reply(201, entry.as_json())
+
+
+def find_entries(*, reference: str | None) -> Reply:
+    entries = LedgerEntry.objects.using(DB).all()
+    if reference is not None:
+        entries = entries.filter(reference=reference)
+    return results(entries)
+
+
+def reverse_entry(entry_id: str, *, reference: str, memo: str) -> Reply:
+    """Reverse an entry with a new entry of the negated amount. Invariant: nothing is deleted or
+    edited; an entry is reversed at most once (``reverses`` is UNIQUE); a reversal is not
+    reversible."""
+    pk = parse_public_id(LedgerEntry.PREFIX, entry_id)
+    entry = LedgerEntry.objects.using(DB).filter(pk=pk).first()
+    if entry is None:
+        return error(404, f"no ledger entry {entry_id!r}")
+    if entry.kind == LedgerKind.REVERSAL:
+        return error(400, f"{entry_id} is a reversal and cannot be reversed")
+    try:
+        with transaction.atomic(using=DB):
+            reversal = LedgerEntry.objects.using(DB).create(
+                reference=reference,
+                amount=Decimal(0) - entry.amount,
+                currency=entry.currency,
+                account=entry.account,
+                memo=memo,
+                kind=LedgerKind.REVERSAL,
+                reverses=entry,
+            )
+    except IntegrityError:
+        existing = LedgerEntry.objects.using(DB).filter(reverses=entry).first()
+        if existing is not None:
+            return error(409, "already reversed", existing_id=existing.public_id)
+        return _duplicate_reference(reference)
+    return Reply(201, reversal.as_json())
+
+
+def _duplicate_reference(reference: str) -> Reply:
+    existing = LedgerEntry.objects.using(DB).filter(reference=reference).first()
+    return error(409, "duplicate reference", existing_id=existing.public_id if existing else None)

@@ -1,0 +1,175 @@
+"""HTTP JSON endpoints of the simulated systems. No auth, no CSRF: they stand in for Jira,
+Slack and an ERP that the adapters call over real HTTP. Views only parse and validate the
+request; what happens is in ``sandbox/services.py``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from functools import wraps
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from . import services
+from .services import Reply
+
+
+class BadRequest(Exception):
+    """The request is malformed: a 400 with this message."""
+
+
+def json_endpoint(*methods: str) -> Callable:
+    """A CSRF-exempt view that answers only ``methods``, turns BadRequest into a 400 and a
+    ``Reply`` into a JSON response."""
+
+    def decorate(view: Callable[..., Reply]) -> Callable:
+        @csrf_exempt
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+            if request.method not in methods:
+                response = JsonResponse({"error": f"method {request.method} not allowed"}, status=405)
+                response["Allow"] = ", ".join(methods)
+                return response
+            try:
+                reply = view(request, *args, **kwargs)
+            except BadRequest as exc:
+                reply = services.error(400, str(exc))
+            response = JsonResponse(reply.body, status=reply.status)
+            for name, value in reply.headers.items():
+                response[name] = value
+            return response
+
+        return wrapper
+
+    return decorate
+
+
+# --- Request parsing -------------------------------------------------------------------
+
+
+def body_object(request: HttpRequest) -> dict:
+    try:
+        body = json.loads(request.body or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"invalid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def required_str(body: dict, name: str) -> str:
+    value = body.get(name)
+    if value is None:
+        raise BadRequest(f"missing field {name!r}")
+    if not isinstance(value, str) or not value.strip():
+        raise BadRequest(f"{name!r} must be a non-empty string")
+    return value
+
+
+def optional_str(body: dict, name: str) -> str:
+    value = body.get(name, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BadRequest(f"{name!r} must be a string")
+    return value
+
+
+def amount_field(body: dict) -> Decimal:
+    raw = required_str(body, "amount")
+    try:
+        amount = Decimal(raw.strip())
+    except InvalidOperation:
+        raise BadRequest(f"'amount' must be a decimal string such as \"123.45\", got {raw!r}") from None
+    if not amount.is_finite() or amount.as_tuple().exponent < -2:
+        raise BadRequest(f"'amount' must be a finite decimal with at most 2 decimal places, got {raw!r}")
+    if abs(amount) >= Decimal(10) ** 16:
+        raise BadRequest("'amount' is too large")
+    return amount.quantize(Decimal("0.01"))
+
+
+def currency_field(body: dict) -> str:
+    currency = required_str(body, "currency")
+    if len(currency) != 3 or not (currency.isascii() and currency.isalpha() and currency.isupper()):
+        raise BadRequest(f"'currency' must be a three-letter code such as \"EUR\", got {currency!r}")
+    return currency
+
+
+# --- Tasks -----------------------------------------------------------------------------
+
+
+@json_endpoint("GET", "POST")
+def tasks(request: HttpRequest) -> Reply:
+    if request.method == "GET":
+        return services.find_tasks(idempotency_key=request.GET.get("idempotency_key"))
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if not key:
+        raise BadRequest("missing Idempotency-Key header")
+    if len(key) > 255:
+        raise BadRequest("Idempotency-Key is longer than 255 characters")
+    body = body_object(request)
+    title, assignee = required_str(body, "title"), required_str(body, "assignee")
+    payload = body.get("payload", {})
+    if payload is None:
+        payload = {}
+    if not isinstance(payload, dict):
+        raise BadRequest("'payload' must be a JSON object")
+    return services.run_faultable(
+        "tasks",
+        "create",
+        lambda: services.create_task(key=key, title=title, assignee=assignee, payload=payload),
+    )
+
+
+@json_endpoint("POST")
+def task_cancel(request: HttpRequest, task_id: str) -> Reply:
+    reason = required_str(body_object(request), "reason")
+    return services.run_faultable("tasks", "cancel", lambda: services.cancel_task(task_id, reason=reason))
+
+
+# --- Messages --------------------------------------------------------------------------
+
+
+@json_endpoint("GET", "POST")
+def messages(request: HttpRequest) -> Reply:
+    if request.method == "GET":
+        return services.find_messages(client_ref=request.GET.get("client_ref"))
+    body = body_object(request)  # an Idempotency-Key header, if any, is ignored
+    to, text, client_ref = required_str(body, "to"), required_str(body, "text"), optional_str(body, "client_ref")
+    return services.run_faultable(
+        "messages", "send", lambda: services.send_message(to=to, text=text, client_ref=client_ref)
+    )
+
+
+@json_endpoint("POST")
+def message_corrections(request: HttpRequest, message_id: str) -> Reply:
+    body = body_object(request)
+    text, client_ref = required_str(body, "text"), optional_str(body, "client_ref")
+    return services.correct_message(message_id, text=text, client_ref=client_ref)
+
+
+# --- Ledger ----------------------------------------------------------------------------
+
+
+@json_endpoint("GET", "POST")
+def ledger_entries(request: HttpRequest) -> Reply:
+    if request.method == "GET":
+        return services.find_entries(reference=request.GET.get("reference"))
+    body = body_object(request)
+    fields = {
+        "reference": required_str(body, "reference"),
+        "amount": amount_field(body),
+        "currency": currency_field(body),
+        "account": required_str(body, "account"),
+        "memo": optional_str(body, "memo"),
+    }
+    return services.run_faultable("ledger", "post", lambda: services.post_entry(**fields))
+
+
+@json_endpoint("POST")
+def ledger_reverse(request: HttpRequest, entry_id: str) -> Reply:
+    body = body_object(request)
+    reference, memo = required_str(body, "reference"), optional_str(body, "memo")
+    return services.reverse_entry(entry_id, reference=reference, memo=memo)
