@@ -152,12 +152,17 @@ class StepSpec:
     def is_decision(self) -> bool:
         return self.decision_schema is not None
 
+    def recovery_rule(self) -> str:
+        if self.is_decision:
+            return "reuse the accepted decision; ask the model again only while none is accepted"
+        return Reconcile(self.reconcile).label if self.reconcile else "none declared"
+
     def contract_row(self) -> dict[str, Any]:
         return {
             "step": self.name,
             "side_effect": self.effect,
             "safe_to_rerun": str(self.rerun),
-            "recovery_rule": Reconcile(self.reconcile).label if self.reconcile else "none declared",
+            "recovery_rule": self.recovery_rule(),
             "retry_policy": self.retry.as_text(),
             "key_version": self.key_version,
             "decision_schema": f"{self.decision_schema.__name__} v{self.schema_version}"

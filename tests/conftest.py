@@ -92,16 +92,25 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for a child `manage.py` or Celery process that uses this test's database."""
     import os
 
-    db = connection.settings_dict
-    if connection.vendor == "postgresql":
-        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-        url = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    else:
-        url = f"sqlite:///{db['NAME']}"
+    from django.db import connections
+
     env = {k: v for k, v in os.environ.items() if k != "RECOVERY_FAILPOINTS"}
-    env.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="config.test_settings", PYTHONUNBUFFERED="1")
+    env.update(
+        DATABASE_URL=_database_url(connections["default"]),
+        SANDBOX_DATABASE_URL=_database_url(connections["sandbox"]),
+        DJANGO_SETTINGS_MODULE="config.test_settings",
+        PYTHONUNBUFFERED="1",
+    )
     env.update(extra)
     return env
+
+
+def _database_url(conn) -> str:
+    db = conn.settings_dict
+    if conn.vendor == "postgresql":
+        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+        return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    return f"sqlite:///{db['NAME']}"
 
 
 def free_port() -> int:

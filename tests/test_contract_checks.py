@@ -8,7 +8,7 @@ from recovery import workflow as registry
 from recovery.checks import check_recovery_contracts
 from recovery.workflow import Reconcile, Rerun, Workflow, idempotency_key
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(databases=["default", "sandbox"])
 
 
 @pytest.fixture

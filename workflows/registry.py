@@ -1,2 +1,4 @@
 """Imported at start-up (settings.RECOVERY_WORKFLOW_MODULES): import every module that
 declares a workflow here, so that the executor and ``manage.py check`` know it."""
+
+from workflows.invoice import workflow as invoice  # noqa: F401

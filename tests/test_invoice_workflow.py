@@ -1,0 +1,277 @@
+"""The eight failure tests of SPEC §4 on the invoice workflow, over real HTTP to the simulated
+systems (a live server) with their own database. After each: count tasks, messages and ledger
+entries, and check leases, remote references and terminal states."""
+
+import threading
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connections
+
+from recovery import failpoints, transitions
+from recovery.errors import ErrorKind
+from recovery.executor import advance
+from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState, WorkflowRun
+from recovery.transitions import run_start
+from recovery.workflow import CompensationPolicy
+from sandbox import faults
+from tests.conftest import drive, lease_expired_running_steps
+from workflows.invoice import workflow as invoice_module
+
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
+
+EVENT = {
+    "tenant": "tenant-42",
+    "invoice_id": "inv-1847",
+    "text": "ACME Office Supply — 40 ergonomic chairs and 10 desks. Total due: EUR 1,840.00",
+}
+NOTHING_COMPENSATED = {"tasks_cancelled": 0, "corrections": 0, "ledger_reversals": 0}
+ONE_OF_EACH = {"tasks": 1, "messages": 1, "ledger_entries": 1, **NOTHING_COMPENSATED}
+
+
+@pytest.fixture(autouse=True)
+def sandbox(live_server, settings):
+    """Point the adapters at the live server; start from an empty sandbox."""
+    settings.SANDBOX_URL = live_server.url
+    faults.clear()
+    yield live_server.url
+    faults.clear()
+
+
+def start(**overrides):
+    return run_start(workflow="invoice", data={**EVENT, **overrides})[0]
+
+
+def step(run, name):
+    return run.steps.get(step_name=name)
+
+
+def assert_invariants():
+    """No step `running` past its lease; no completed step without its remote reference."""
+    assert lease_expired_running_steps() == []
+    for s in step_model().objects.filter(state=StepState.SUCCEEDED).exclude(step_name__in=["read_invoice", "classify"]):
+        assert s.remote_ref, f"{s} succeeded without a remote reference"
+
+
+def step_model():
+    from recovery.models import StepExecution
+
+    return StepExecution
+
+
+def test_an_invoice_runs_end_to_end_with_one_task_one_message_one_ledger_entry(clock):
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
+    decision = ModelDecision.objects.get(run=run, state=DecisionState.ACCEPTED).accepted
+    assert decision["amount"] == "1840.00" and decision["category"] == "office_supplies"
+    assert step(run, "create_approval_task").remote_ref.startswith("task_")
+    assert step(run, "notify_approver").remote_ref.startswith("msg_")
+    assert step(run, "post_ledger_entry").remote_ref.startswith("le_")
+    assert run.workflow_id == "invoice:tenant-42:inv-1847"
+    assert_invariants()
+
+
+def test_1_crash_before_the_request_creates_the_task_exactly_once(clock, monkeypatch):
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "create_approval_task:before_call=raise")
+    run = start()
+    with pytest.raises(failpoints.FailpointRaised):
+        advance(run.pk)
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    assert faults.counts()["tasks"] == 0
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
+    assert_invariants()
+
+
+@pytest.mark.parametrize(
+    "service,operation,name,counter",
+    [
+        ("tasks", "create", "create_approval_task", "tasks"),  # look up by idempotency key
+        ("messages", "send", "notify_approver", "messages"),  # look up by client reference
+        ("ledger", "post", "post_ledger_entry", "ledger_entries"),  # look up by transaction reference
+    ],
+)
+def test_2_receiver_commits_then_the_response_is_lost_reconciles_to_exactly_one_object(
+    clock, service, operation, name, counter
+):
+    faults.set_fault(service, operation, "commit_then_drop")
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
+    s = step(run, name)
+    assert s.attempts == 1  # reconciled by look-up, not re-sent
+    assert AuditEvent.objects.filter(run=run, step_name=name, action="step_unknown").count() == 1
+    assert AuditEvent.objects.filter(run=run, step_name=name, action="reconcile").count() == 1
+    assert not AuditEvent.objects.filter(run=run, step_name=name, action="step_fail").exists()
+    assert_invariants()
+
+
+def test_3_rate_limited_twice_then_success_backs_off_honouring_retry_after(clock):
+    faults.set_fault("tasks", "create", "rate_limit", times=2, retry_after=30)
+    run = start()
+    t0 = clock.now()
+    advance(run.pk)
+    run.refresh_from_db()
+    task = step(run, "create_approval_task")
+    assert (run.state, task.last_error_kind) == (RunState.WAITING, ErrorKind.RATE_LIMITED)
+    assert (task.next_attempt_at - t0).total_seconds() >= 30
+    assert advance(run.pk) is None  # not due before Retry-After
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert step(run, "create_approval_task").attempts == 3
+    assert faults.counts() == ONE_OF_EACH
+    assert_invariants()
+
+
+def test_4_permanent_authorisation_error_stops_without_spending_the_retry_budget(clock):
+    faults.set_fault("messages", "send", "forbidden", times=5)
+    run = drive(start(), clock)
+    assert run.state == RunState.FAILED
+    notify = step(run, "notify_approver")
+    assert (notify.attempts, notify.last_error_kind, notify.next_attempt_at) == (1, ErrorKind.PERMANENT, None)
+    assert "403" in notify.last_error
+    assert faults.counts() == {**ONE_OF_EACH, "messages": 0, "ledger_entries": 0}
+    assert step(run, "post_ledger_entry").state == StepState.PENDING
+    assert_invariants()
+
+
+def test_5_restart_after_the_decision_is_saved_reuses_it(clock, monkeypatch):
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "classify:after_outcome=raise")
+    run = start()
+    with pytest.raises(failpoints.FailpointRaised):
+        advance(run.pk)
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+
+    class DifferentModel:
+        name = "different"
+
+        def propose(self, *, invoice_id, text):
+            raise AssertionError("the model must not be asked again")
+
+    monkeypatch.setattr(invoice_module, "get_provider", lambda: DifferentModel())
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert ModelDecision.objects.filter(run=run).count() == 1
+    assert faults.counts() == ONE_OF_EACH
+    from sandbox.models import LedgerEntry
+
+    assert str(LedgerEntry.objects.get().amount) == "1840.00"
+    assert_invariants()
+
+
+@pytest.fixture
+def automatic(monkeypatch):
+    monkeypatch.setattr(invoice_module.invoice, "compensation", CompensationPolicy.AUTOMATIC)
+
+
+def test_6_a_late_failure_after_two_effects_compensates_in_reverse_order(clock, automatic):
+    faults.set_fault("ledger", "post", "forbidden")
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPENSATED
+    order = AuditEvent.objects.filter(run=run, action="compensation_succeed").order_by("at", "id")
+    assert [e.step_name for e in order] == ["notify_approver", "create_approval_task"]
+    assert faults.counts() == {
+        "tasks": 1,
+        "messages": 1,
+        "ledger_entries": 0,
+        "tasks_cancelled": 1,
+        "corrections": 1,
+        "ledger_reversals": 0,
+    }
+    assert step(run, "create_approval_task").state == StepState.COMPENSATED
+    assert step(run, "post_ledger_entry").state == StepState.FAILED
+    assert_invariants()
+
+
+def test_7_a_failed_compensation_leaves_the_run_visible_not_rolled_back(clock, automatic):
+    faults.set_fault("ledger", "post", "forbidden")
+    faults.set_fault("tasks", "cancel", "forbidden")
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPENSATION_FAILED
+    assert step(run, "create_approval_task").state == StepState.COMPENSATION_FAILED
+    assert step(run, "notify_approver").state == StepState.COMPENSATED
+    assert faults.counts() == {
+        "tasks": 1,
+        "messages": 1,
+        "ledger_entries": 0,
+        "tasks_cancelled": 0,
+        "corrections": 1,
+        "ledger_reversals": 0,
+    }
+    assert not AuditEvent.objects.filter(run=run, action="compensation_done").exists()
+
+    supervisor = get_user_model().objects.create_user("sam")
+    transitions.run_compensate(workflow_id=run.workflow_id, actor=supervisor, reason="tracker permission fixed")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPENSATED
+    assert faults.counts()["tasks_cancelled"] == 1 and faults.counts()["corrections"] == 1
+    assert_invariants()
+
+
+def test_a_completed_run_is_compensated_on_request_with_a_reversing_entry(clock):
+    run = drive(start(), clock)
+    supervisor = get_user_model().objects.create_user("sam")
+    transitions.run_compensate(workflow_id=run.workflow_id, actor=supervisor, reason="duplicate invoice")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPENSATED
+    assert faults.counts() == {
+        "tasks": 1,
+        "messages": 1,
+        "ledger_entries": 1,
+        "tasks_cancelled": 1,
+        "corrections": 1,
+        "ledger_reversals": 1,
+    }
+    order = AuditEvent.objects.filter(run=run, action="compensation_succeed").order_by("at", "id")
+    assert [e.step_name for e in order] == ["post_ledger_entry", "notify_approver", "create_approval_task"]
+    assert advance(run.pk) is None
+    with pytest.raises(transitions.InvalidTransition):
+        transitions.run_resume(workflow_id=run.workflow_id, actor=supervisor, reason="again")
+
+
+def test_8_the_same_event_delivered_concurrently_makes_one_run_and_one_of_each(postgres_only, monkeypatch):
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "*:before_call=sleep(20)")
+    barrier = threading.Barrier(12)
+    errors = []
+
+    def consume(i):
+        try:
+            barrier.wait()
+            run, _ = run_start(workflow="invoice", data=dict(EVENT))
+            for _ in range(6):
+                advance(run.pk, owner=f"consumer-{i}")
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert WorkflowRun.objects.count() == 1
+    assert WorkflowRun.objects.get().state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
+
+
+def test_unavailable_until_the_budget_runs_out_goes_to_review_not_compensation(clock, automatic):
+    faults.set_fault("ledger", "post", "unavailable", times=50)
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    assert step(run, "post_ledger_entry").attempts == invoice_module.LEDGER_POLICY.maximum_attempts
+    assert faults.counts() == {**ONE_OF_EACH, "ledger_entries": 0}
+    assert_invariants()
+
+
+def test_a_slow_receiver_past_the_timeout_is_unknown_then_found(clock):
+    faults.set_fault("tasks", "create", "slow", delay_ms=int((settings.RECOVERY_HTTP_TIMEOUT + 0.5) * 1000))
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
+    assert step(run, "create_approval_task").last_error_kind == ErrorKind.UNKNOWN_OUTCOME

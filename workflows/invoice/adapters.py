@@ -1,0 +1,254 @@
+"""HTTP adapters to the task service, the messenger and the ledger.
+
+Errors are classified once, here, into the engine's taxonomy:
+
+- connection refused or a connect timeout: the request never left; nothing happened → transient;
+- a timeout or a broken connection after the request was sent: it may have happened → unknown
+  (for a read, which changes nothing, → transient);
+- 429 → rate limited (Retry-After honoured); 401/403 → permanent (authorisation);
+  400/404/409/422 → permanent (bad input, conflict); 5xx → transient.
+
+Each writing operation has its look-up (by key, by client reference, by transaction
+reference) so that an unknown outcome can be reconciled instead of retried blindly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from recovery.errors import PermanentError, RateLimited, StepError, TransientError, UnclassifiedError, UnknownOutcome
+from recovery.workflow import Outcome
+
+RETRYABLE_STATUSES = frozenset({500, 502, 503, 504})
+PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 410, 422})
+
+
+def classify_http_status(response: httpx.Response, what: str) -> StepError:
+    """The engine error for a non-success response."""
+    detail = _error_detail(response)
+    message = f"{what}: HTTP {response.status_code} {detail}".strip()
+    if response.status_code == 429:
+        return RateLimited(message, retry_after=_retry_after(response))
+    if response.status_code in RETRYABLE_STATUSES:
+        return TransientError(message)
+    if response.status_code in PERMANENT_STATUSES:
+        return PermanentError(message)
+    return UnclassifiedError(message)
+
+
+def classify_transport_error(exc: httpx.TransportError, what: str, *, changes_state: bool) -> StepError:
+    """The engine error for a request that got no response."""
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return TransientError(f"{what}: could not connect ({type(exc).__name__}); the request was not sent")
+    if changes_state:
+        return UnknownOutcome(f"{what}: no response after the request was sent ({type(exc).__name__})")
+    return TransientError(f"{what}: no response ({type(exc).__name__})")
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers["Retry-After"])
+    except (KeyError, ValueError):
+        return None
+
+
+def _error_detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    return str(body.get("error", body))[:200] if isinstance(body, dict) else str(body)[:200]
+
+
+class SandboxClient:
+    """A small JSON client with explicit timeouts. ``changes_state`` tells the classifier
+    whether a lost response means "unknown" (a write) or merely "try again" (a read)."""
+
+    def __init__(self, *, base_url: str | None = None, timeout: float | None = None, transport=None):
+        self.base_url = (base_url or settings.SANDBOX_URL).rstrip("/")
+        read = settings.RECOVERY_HTTP_TIMEOUT if timeout is None else timeout
+        self.timeout = httpx.Timeout(read, connect=min(read, 5.0))
+        self.transport = transport
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        changes_state: bool,
+        json: Any = None,
+        params: dict | None = None,
+        headers: dict | None = None,
+        accept: frozenset[int] = frozenset(),
+    ) -> httpx.Response:
+        try:
+            with httpx.Client(base_url=self.base_url, timeout=self.timeout, transport=self.transport) as client:
+                response = client.request(method, path, json=json, params=params, headers=headers)
+        except httpx.TransportError as exc:
+            raise classify_transport_error(exc, what, changes_state=changes_state) from exc
+        if response.is_success or response.status_code in accept:
+            return response
+        raise classify_http_status(response, what)
+
+
+def _first(response: httpx.Response) -> dict | None:
+    results = response.json().get("results") or []
+    return results[0] if results else None
+
+
+# --- task service: honours Idempotency-Key ----------------------------------------------
+
+
+def _task_outcome(task: dict) -> Outcome:
+    return Outcome(remote_ref=task["id"], result={"task_id": task["id"], "status": task.get("status", "")})
+
+
+def create_task(*, key: str, title: str, assignee: str, payload: dict, client: SandboxClient | None = None) -> Outcome:
+    response = (client or SandboxClient()).request(
+        "POST",
+        "/sandbox/tasks/",
+        what="create approval task",
+        changes_state=True,
+        json={"title": title, "assignee": assignee, "payload": payload},
+        headers={"Idempotency-Key": key},
+    )
+    return _task_outcome(response.json())
+
+
+def find_task(*, key: str, client: SandboxClient | None = None) -> Outcome | None:
+    response = (client or SandboxClient()).request(
+        "GET", "/sandbox/tasks/", what="look up task by key", changes_state=False, params={"idempotency_key": key}
+    )
+    task = _first(response)
+    return _task_outcome(task) if task else None
+
+
+def cancel_task(*, task_id: str, reason: str, client: SandboxClient | None = None) -> Outcome:
+    """Idempotent at the receiver: cancelling a cancelled task returns it unchanged."""
+    response = (client or SandboxClient()).request(
+        "POST", f"/sandbox/tasks/{task_id}/cancel", what="cancel task", changes_state=True, json={"reason": reason}
+    )
+    task = response.json()
+    return Outcome(remote_ref=task["id"], result={"task_id": task["id"], "status": task.get("status", "")})
+
+
+# --- messenger: does not honour keys; found by client reference ------------------------
+
+
+def _message_outcome(message: dict) -> Outcome:
+    return Outcome(remote_ref=message["id"], result={"message_id": message["id"], "to": message.get("to", "")})
+
+
+def send_message(*, to: str, text: str, client_ref: str, client: SandboxClient | None = None) -> Outcome:
+    response = (client or SandboxClient()).request(
+        "POST",
+        "/sandbox/messages/",
+        what="notify approver",
+        changes_state=True,
+        json={"to": to, "text": text, "client_ref": client_ref},
+    )
+    return _message_outcome(response.json())
+
+
+def find_message(*, client_ref: str, client: SandboxClient | None = None) -> Outcome | None:
+    response = (client or SandboxClient()).request(
+        "GET", "/sandbox/messages/", what="look up message", changes_state=False, params={"client_ref": client_ref}
+    )
+    message = _first(response)
+    return _message_outcome(message) if message else None
+
+
+def send_correction(*, message_id: str, text: str, client_ref: str, client: SandboxClient | None = None) -> Outcome:
+    """The messenger does not honour keys, so look for our correction before sending one
+    (safe here: the run's lease admits one executor at a time)."""
+    client = client or SandboxClient()
+    existing = find_message(client_ref=client_ref, client=client)
+    if existing is not None:
+        return existing
+    response = client.request(
+        "POST",
+        f"/sandbox/messages/{message_id}/corrections",
+        what="send correction",
+        changes_state=True,
+        json={"text": text, "client_ref": client_ref},
+    )
+    return _message_outcome(response.json())
+
+
+# --- ledger: unique transaction reference ------------------------------------------------
+
+
+def _entry_outcome(entry: dict) -> Outcome:
+    return Outcome(
+        remote_ref=entry["id"],
+        result={"entry_id": entry["id"], "reference": entry.get("reference", ""), "amount": entry.get("amount")},
+    )
+
+
+def post_entry(
+    *, reference: str, amount: str, currency: str, account: str, memo: str, client: SandboxClient | None = None
+) -> Outcome:
+    """A duplicate reference (409) means an earlier attempt of ours was posted: return that
+    entry if it is the same posting, refuse visibly if it is not."""
+    client = client or SandboxClient()
+    body = {"reference": reference, "amount": amount, "currency": currency, "account": account, "memo": memo}
+    response = client.request(
+        "POST",
+        "/sandbox/ledger/entries/",
+        what="post ledger entry",
+        changes_state=True,
+        json=body,
+        accept=frozenset({409}),
+    )
+    if response.status_code != 409:
+        return _entry_outcome(response.json())
+    existing = find_entry(reference=reference, client=client)
+    if existing is None:
+        raise PermanentError(f"post ledger entry: 409 for {reference} but no entry found by that reference")
+    same = existing.result and _same_amount(existing.result.get("amount"), amount)
+    if not same:
+        raise PermanentError(f"post ledger entry: reference {reference} already holds a different posting")
+    return existing
+
+
+def _same_amount(a: Any, b: Any) -> bool:
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        return Decimal(str(a)) == Decimal(str(b))
+    except InvalidOperation:
+        return False
+
+
+def find_entry(*, reference: str, client: SandboxClient | None = None) -> Outcome | None:
+    response = (client or SandboxClient()).request(
+        "GET",
+        "/sandbox/ledger/entries/",
+        what="look up ledger entry",
+        changes_state=False,
+        params={"reference": reference},
+    )
+    entry = _first(response)
+    return _entry_outcome(entry) if entry else None
+
+
+def reverse_entry(*, entry_id: str, reference: str, memo: str, client: SandboxClient | None = None) -> Outcome:
+    """Post the reversing entry (never delete). Already reversed (409) → that reversal."""
+    response = (client or SandboxClient()).request(
+        "POST",
+        f"/sandbox/ledger/entries/{entry_id}/reverse",
+        what="reverse ledger entry",
+        changes_state=True,
+        json={"reference": reference, "memo": memo},
+        accept=frozenset({409}),
+    )
+    body = response.json()
+    if response.status_code == 409:
+        if not body.get("existing_id"):
+            raise PermanentError(f"reverse ledger entry: HTTP 409 {body.get('error', '')}")
+        return Outcome(remote_ref=body["existing_id"], result={"reversal_id": body["existing_id"]})
+    return Outcome(remote_ref=body["id"], result={"reversal_id": body["id"], "amount": body.get("amount")})

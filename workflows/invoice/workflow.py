@@ -1,0 +1,175 @@
+"""The seed's invoice workflow: read → classify → create approval task → notify approver →
+post ledger entry, with its recovery contract (SPEC §3)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from recovery.retries import RetryPolicy
+from recovery.workflow import CompensationPolicy, Reconcile, Rerun, Workflow
+
+from . import adapters
+from .model import SCHEMA_VERSION, InvoiceDecision, get_provider
+
+
+class InvoiceEvent(BaseModel):
+    """The business event that starts a run. Extra fields (vendor, due date, …) are kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    invoice_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    text: str = Field(min_length=1, max_length=20000)
+
+
+# Reads are cheap and safe: retry quickly. Model calls cost money: fewer attempts.
+# Writes to other systems: patient backoff, bounded in time. The ledger gets the most care.
+READ_POLICY = RetryPolicy(initial_interval=1, maximum_interval=10, maximum_attempts=5, maximum_elapsed=300)
+MODEL_POLICY = RetryPolicy(
+    initial_interval=2, maximum_interval=60, maximum_attempts=4, maximum_elapsed=900, maximum_format_failures=3
+)
+WRITE_POLICY = RetryPolicy(initial_interval=2, maximum_interval=120, maximum_attempts=6, maximum_elapsed=3600)
+LEDGER_POLICY = RetryPolicy(initial_interval=5, maximum_interval=300, maximum_attempts=6, maximum_elapsed=7200)
+
+invoice = Workflow(
+    "invoice",
+    version=1,
+    input_schema=InvoiceEvent,
+    workflow_id=lambda event: f"invoice:{event['tenant']}:{event['invoice_id']}",
+    description="Classify a supplier invoice, open an approval task, notify the approver, post the ledger entry.",
+    compensation=CompensationPolicy.OPERATOR,
+)
+
+
+@invoice.step(effect="none", rerun=Rerun.YES, retry=READ_POLICY)
+def read_invoice(ctx):
+    text = " ".join(ctx.input["text"].split())
+    return {"text": text, "characters": len(text)}
+
+
+@invoice.decision(schema=InvoiceDecision, schema_version=SCHEMA_VERSION, retry=MODEL_POLICY)
+def classify(ctx):
+    return get_provider().propose(invoice_id=ctx.intent["invoice_id"], text=ctx.intent["text"])
+
+
+@classify.intent
+def _(ctx):
+    return {"invoice_id": ctx.input["invoice_id"], "text": ctx.result("read_invoice")["text"]}
+
+
+@invoice.step(
+    effect="a new approval task in the task tracker",
+    rerun=Rerun.NO,
+    reconcile=Reconcile.LOOKUP,
+    retry=WRITE_POLICY,
+    compensable=True,
+)
+def create_approval_task(ctx):
+    return adapters.create_task(key=ctx.idempotency_key, **ctx.intent)
+
+
+@create_approval_task.intent
+def _(ctx):
+    decision = ctx.result("classify")
+    return {
+        "title": f"Approve invoice {ctx.input['invoice_id']}: {decision['amount']} {decision['currency']}",
+        "assignee": decision["approver"],
+        "payload": {
+            "tenant": ctx.input["tenant"],
+            "invoice_id": ctx.input["invoice_id"],
+            "category": decision["category"],
+            "amount": decision["amount"],
+            "currency": decision["currency"],
+        },
+    }
+
+
+@create_approval_task.lookup
+def _(ctx):
+    return adapters.find_task(key=ctx.idempotency_key)
+
+
+@create_approval_task.compensate(who="supervisor")
+def cancel_approval_task(ctx):
+    """Cancel the approval task with a reason."""
+    return adapters.cancel_task(task_id=ctx.intent["remote_ref"], reason=f"invoice {ctx.input['invoice_id']} withdrawn")
+
+
+@invoice.step(
+    effect="a message to the approver",
+    rerun=Rerun.NO,
+    reconcile=Reconcile.LOOKUP,
+    retry=WRITE_POLICY,
+    compensable=True,
+)
+def notify_approver(ctx):
+    return adapters.send_message(client_ref=ctx.idempotency_key, **ctx.intent)
+
+
+@notify_approver.intent
+def _(ctx):
+    decision = ctx.result("classify")
+    task = ctx.result("create_approval_task")
+    return {
+        "to": decision["approver"],
+        "text": (
+            f"Invoice {ctx.input['invoice_id']} ({decision['amount']} {decision['currency']}, {decision['category']}) "
+            f"awaits your approval: task {task['task_id']}."
+        ),
+    }
+
+
+@notify_approver.lookup
+def _(ctx):
+    return adapters.find_message(client_ref=ctx.idempotency_key)
+
+
+@notify_approver.compensate(who="operator")
+def send_correction(ctx):
+    """Send a correction to the approver and mark the incident."""
+    return adapters.send_correction(
+        message_id=ctx.intent["remote_ref"],
+        client_ref=ctx.idempotency_key,
+        text=f"Correction: disregard the approval request for invoice {ctx.input['invoice_id']}.",
+    )
+
+
+@invoice.step(
+    effect="a financial record in the ledger",
+    rerun=Rerun.NO,
+    reconcile=Reconcile.LOOKUP,
+    retry=LEDGER_POLICY,
+    compensable=True,
+)
+def post_ledger_entry(ctx):
+    return adapters.post_entry(**ctx.intent)
+
+
+@post_ledger_entry.intent
+def _(ctx):
+    decision = ctx.result("classify")
+    return {
+        # A stable transaction reference, from the run's identity: never from an attempt.
+        "reference": ctx.workflow_id,
+        "amount": str(Decimal(str(decision["amount"])).quantize(Decimal("0.01"))),
+        "currency": decision["currency"],
+        "account": f"expenses:{decision['category']}",
+        "memo": f"invoice {ctx.input['invoice_id']} ({ctx.input['tenant']})",
+    }
+
+
+@post_ledger_entry.lookup
+def _(ctx):
+    return adapters.find_entry(reference=ctx.workflow_id)
+
+
+@post_ledger_entry.compensate(who="supervisor")
+def post_reversal(ctx):
+    """Post a reversing ledger entry (never delete)."""
+    return adapters.reverse_entry(
+        entry_id=ctx.intent["remote_ref"],
+        reference=f"{ctx.workflow_id}:reversal",
+        memo=f"reversal of invoice {ctx.input['invoice_id']}",
+    )
