@@ -44,4 +44,12 @@ def check_recovery_contracts(app_configs=None, **kwargs) -> list[checks.CheckMes
                         id="recovery.E005",
                     )
                 )
+            if spec.outbox and spec.lookup_fn is None:
+                errors.append(
+                    checks.Error(
+                        f"{where} is delivered through the outbox but declares no @{spec.name}.lookup",
+                        hint="the publisher must find an earlier delivery before it sends again",
+                        id="recovery.E006",
+                    )
+                )
     return errors

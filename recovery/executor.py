@@ -12,15 +12,24 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 import pydantic
 
 from . import clock, failpoints, transitions
 from .errors import ErrorKind, InvalidModelOutput, LeaseLost, PermanentError, StepError, UnknownOutcome, classify
-from .models import DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
+from .models import (
+    DecisionState,
+    ModelDecision,
+    OutboxMessage,
+    OutboxState,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowRun,
+)
 from .transitions import DONE_STEP_STATES, Lease
 from .workflow import (
     CompensationPolicy,
@@ -63,7 +72,12 @@ class _Plan:
         return self.workflow.compensation == CompensationPolicy.AUTOMATIC
 
     def is_last(self, step: StepExecution) -> bool:
-        return all(s.state in DONE_STEP_STATES for s in self.steps if s.pk != step.pk)
+        """Whether finishing ``step`` finishes the run (no step left, nothing in the outbox)."""
+        others_done = all(s.state in DONE_STEP_STATES for s in self.steps if s.pk != step.pk)
+        return others_done and not self.undelivered().exists()
+
+    def undelivered(self):
+        return OutboxMessage.objects.filter(run_id=self.run.pk, state__in=[OutboxState.PENDING, OutboxState.FAILED])
 
 
 def advance(run_pk: int, *, owner: str | None = None) -> str | None:
@@ -120,8 +134,7 @@ def _step_once(lease: Lease, plan: _Plan) -> bool:
         return _compensate_once(lease, plan)
     step = plan.next_step()
     if step is None:
-        transitions.run_complete(lease=lease)
-        return False
+        return _finish(lease, plan)
     spec = plan.workflow.get_step(step.step_name)
     now = clock.now()
 
@@ -144,6 +157,26 @@ def _step_once(lease: Lease, plan: _Plan) -> bool:
 
     _execute(lease, plan, spec, step)
     return True
+
+
+def _finish(lease: Lease, plan: _Plan) -> bool:
+    """Every step is done: the run completes once its outbox is delivered."""
+    failed = plan.undelivered().filter(state=OutboxState.FAILED).first()
+    if failed is not None:
+        transitions.run_review(
+            lease=lease,
+            step_name=failed.step_name,
+            reason=f"{failed.step_name}: message not delivered after {failed.attempts} attempt(s): {failed.last_error}",
+        )
+        return False
+    pending = plan.undelivered().order_by("next_attempt_at").first()
+    if pending is not None:
+        now = clock.now()
+        wake_at = max(now + timedelta(seconds=1), pending.next_attempt_at or now, pending.claimed_until or now)
+        transitions.run_wait(lease=lease, wake_at=wake_at, reason=f"{pending.step_name}: waiting for outbox delivery")
+        return False
+    transitions.run_complete(lease=lease)
+    return False
 
 
 def _reconcile(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> bool:
@@ -233,6 +266,11 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             )
         return
 
+    if spec.outbox:
+        # No call here: the message is committed with the step's success and the publisher
+        # delivers it (publish).
+        transitions.step_enqueue(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
+        return
     if step.attempts - step.budget_start_attempt >= spec.retry.maximum_attempts:
         # Only a worker dying mid-call again and again gets here (failures stop at the budget
         # in step_fail): a poison step goes to review instead of crashing executors forever.
@@ -292,13 +330,20 @@ def _compensate_once(lease: Lease, plan: _Plan) -> bool:
     spec = plan.workflow.get_step(step.step_name)
     assert spec.compensation_fn is not None  # only compensable steps are ever marked
     point = f"{step.step_name}.compensate"
+    remote_ref = step.remote_ref
+    if spec.outbox:
+        remote_ref = _undeliver(lease, plan, spec, step)
+        if remote_ref is None:
+            return False
+        if remote_ref == "":
+            return True
     ctx = StepContext(
         workflow_id=plan.run.workflow_id,
         input=plan.run.input,
         step=step.step_name,
         idempotency_key=compensation_key(plan.run.workflow_id, step.step_name, step.key_version),
         results={s.step_name: s.result for s in plan.steps if s.result is not None},
-        intent={"remote_ref": step.remote_ref, "result": step.result, "intent": step.intent},
+        intent={"remote_ref": remote_ref, "result": step.result, "intent": step.intent},
     )
     transitions.compensation_begin(lease=lease, step_name=step.step_name)
     failpoints.hit(point, "before_call")
@@ -315,6 +360,105 @@ def _compensate_once(lease: Lease, plan: _Plan) -> bool:
         return True
     transitions.compensation_fail(lease=lease, step_name=step.step_name, error=error, spec=spec)
     return False
+
+
+def _undeliver(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> str | None:
+    """Before compensating an outbox step: a message never delivered is cancelled (nothing
+    to correct); one delivered, or perhaps delivered by an attempt whose answer was lost, is
+    corrected. Returns the provider reference to compensate, "" when the step is done, or
+    None when the executor must let go (a publisher holds the message, or a look-up failed)."""
+    message = transitions.outbox_cancel(lease=lease, step_name=step.step_name)
+    if message.state == OutboxState.DELIVERED:
+        return message.provider_ref
+    if message.state == OutboxState.PENDING:  # a publisher is delivering it right now
+        transitions.run_wait(lease=lease, wake_at=message.claimed_until, reason=f"{step.step_name}: being delivered")
+        return None
+    if message.attempts:
+        try:
+            found = spec.lookup_fn(replace(plan.context(step), intent=message.payload))
+        except failpoints.FailpointRaised:
+            raise
+        except Exception as exc:
+            transitions.compensation_fail(lease=lease, step_name=step.step_name, error=classify(exc), spec=spec)
+            return None
+        if found is not None:
+            return _as_outcome(found).remote_ref
+    transitions.compensation_succeed(
+        lease=lease,
+        step_name=step.step_name,
+        outcome=Outcome(remote_ref=f"outbox:{message.pk} cancelled", result={"cancelled_before_delivery": True}),
+    )
+    return ""
+
+
+# --- the outbox publisher ---------------------------------------------------------------
+
+
+def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
+    """One delivery attempt of one outbox row, effectively once: if an earlier attempt may
+    have sent it (its answer lost, or its publisher killed), look the message up by its key
+    before sending. Returns the row's state afterwards, or None if it was not claimable."""
+    claim = transitions.outbox_claim(pk=outbox_pk, owner=owner)
+    if claim is None:
+        return None
+    message = OutboxMessage.objects.select_related("run").get(pk=outbox_pk)
+    run = message.run
+    spec = get_workflow(run.workflow_name).get_step(message.step_name)
+    results = dict(StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED).values_list("step_name", "result"))
+    ctx = StepContext(
+        workflow_id=run.workflow_id,
+        input=run.input,
+        step=message.step_name,
+        idempotency_key=message.idempotency_key,
+        results=results,
+        intent=message.payload,
+    )
+    try:
+        if message.attempts > 1:
+            try:
+                found = spec.lookup_fn(ctx)
+            except failpoints.FailpointRaised:
+                raise
+            except Exception as exc:
+                transitions.outbox_failed_attempt(claim=claim, error=classify(exc), spec=spec)
+                return _outbox_state(outbox_pk)
+            if found is not None:
+                transitions.outbox_delivered(
+                    claim=claim, outcome=_as_outcome(found), how="found by key after a lost answer"
+                )
+                return _outbox_state(outbox_pk)
+        failpoints.hit(message.step_name, "before_call")
+        error: StepError | None = None
+        try:
+            raw = spec.call(ctx)
+        except failpoints.FailpointRaised:
+            raise
+        except Exception as exc:
+            error = classify(exc)
+        failpoints.hit(message.step_name, "after_call")
+        if error is None:
+            transitions.outbox_delivered(claim=claim, outcome=_as_outcome(raw), how="delivered")
+        else:
+            transitions.outbox_failed_attempt(claim=claim, error=error, spec=spec)
+        failpoints.hit(message.step_name, "after_outcome")
+    except LeaseLost as exc:
+        log.warning("stopped publishing: %s", exc)
+    return _outbox_state(outbox_pk)
+
+
+def _outbox_state(pk: int) -> str | None:
+    return OutboxMessage.objects.filter(pk=pk).values_list("state", flat=True).first()
+
+
+def due_outbox_ids(*, now: datetime | None = None, limit: int = 100) -> list[int]:
+    now = now or clock.now()
+    qs = OutboxMessage.objects.filter(transitions.outbox_due(now)).order_by("next_attempt_at", "pk")
+    return list(qs.values_list("pk", flat=True)[:limit])
+
+
+def publish_due(*, owner: str | None = None, limit: int = 100) -> int:
+    """Attempt every outbox row due now, once. Returns how many were attempted."""
+    return sum(publish(pk, owner=owner) is not None for pk in due_outbox_ids(limit=limit))
 
 
 def _validate_decision(spec: StepSpec, raw: Any) -> dict[str, Any]:
@@ -361,11 +505,12 @@ def run_due(*, owner: str | None = None, limit: int = 100) -> int:
 
 
 def run_forever(*, until_idle: bool = False, poll_seconds: float = 1.0, owner: str | None = None) -> int:
-    """The embedded executor: advance due runs until stopped (or, with ``until_idle``, until
-    nothing is due now). Returns the number of runs advanced."""
+    """The embedded executor: advance due runs and publish due outbox messages until stopped
+    (or, with ``until_idle``, until nothing is due now). Returns the number of runs advanced
+    and messages attempted."""
     total = 0
     while True:
-        advanced = run_due(owner=owner)
+        advanced = run_due(owner=owner) + publish_due(owner=owner)
         total += advanced
         if advanced:
             continue

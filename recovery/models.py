@@ -161,3 +161,39 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):
         raise ValueError("audit events are append-only")
+
+
+class OutboxState(models.TextChoices):
+    PENDING = "pending"  # committed with the step's state; not yet delivered
+    DELIVERED = "delivered"
+    FAILED = "failed"  # not delivered, and the publisher stopped trying
+    CANCELLED = "cancelled"  # compensated before delivery: nothing was ever sent
+
+
+class OutboxMessage(models.Model):
+    """A message written in the same transaction as its step's state (rule 5), delivered
+    later by the publisher with retries, effectively once: a delivery attempt after a crash
+    looks the message up by its key before sending again."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="outbox")
+    step_name = models.CharField(max_length=100)
+    idempotency_key = models.CharField(max_length=64, unique=True)
+    payload = models.JSONField()
+    state = models.CharField(max_length=12, choices=OutboxState.choices, default=OutboxState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=200, blank=True)
+    claimed_until = models.DateTimeField(null=True, blank=True)
+    claim_generation = models.BigIntegerField(default=0)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    last_error_kind = models.CharField(max_length=24, choices=ErrorKind.choices, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "next_attempt_at"], name="outbox_due_idx")]
+
+    def __str__(self) -> str:
+        return f"outbox {self.pk} ({self.step_name}, {self.state})"

@@ -15,11 +15,20 @@ def advance_run(run_pk: int) -> None:
     executor.advance(run_pk)
 
 
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def publish_outbox(outbox_pk: int) -> None:
+    executor.publish(outbox_pk)
+
+
 @shared_task(ignore_result=True)
 def sweep(limit: int = 500) -> int:
-    """Re-enqueue runs whose retry time came or whose lease expired: a lost broker message
-    delays work but never loses it; a duplicated one is refused by the lease."""
+    """Re-enqueue runs whose retry time came or whose lease expired, and outbox messages due
+    for delivery: a lost broker message delays work but never loses it; a duplicated one is
+    refused by the lease (or the outbox claim)."""
     run_pks = executor.due_run_ids(limit=limit)
     for run_pk in run_pks:
         advance_run.delay(run_pk)
-    return len(run_pks)
+    outbox_pks = executor.due_outbox_ids(limit=limit)
+    for outbox_pk in outbox_pks:
+        publish_outbox.delay(outbox_pk)
+    return len(run_pks) + len(outbox_pks)

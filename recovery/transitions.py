@@ -33,7 +33,17 @@ from .errors import (
     StepError,
     TransientError,
 )
-from .models import AuditEvent, DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
+from .models import (
+    AuditEvent,
+    DecisionState,
+    ModelDecision,
+    OutboxMessage,
+    OutboxState,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowRun,
+)
 from .workflow import Outcome, Reconcile, StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
 
 log = logging.getLogger("recovery.transitions")
@@ -218,6 +228,13 @@ def _enqueue_on_commit(run_pk: int) -> None:
         from .tasks import advance_run
 
         transaction.on_commit(lambda: advance_run.delay(run_pk))
+
+
+def _publish_on_commit(outbox_pk: int) -> None:
+    if settings.RECOVERY_EXECUTOR == "celery":
+        from .tasks import publish_outbox
+
+        transaction.on_commit(lambda: publish_outbox.delay(outbox_pk))
 
 
 # --- starting a run --------------------------------------------------------------------
@@ -1066,3 +1083,224 @@ def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunSt
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason", "current_step"], now)
         _audit(run, "compensation_done", actor=None, reason=why, before=before, after=_snap(run), now=now)
         return target
+
+
+# --- transactional outbox (rule 5) ------------------------------------------------------
+
+
+def step_enqueue(
+    *, lease: Lease, step_name: str, intent: dict[str, Any], request_hash: str, now: datetime | None = None
+) -> OutboxMessage:
+    """The step's message is written as an outbox row in the same transaction as the step's
+    success: after this commit it will be delivered, and never twice. The step's remote
+    reference is the outbox row until the publisher records the provider's message id."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+        message = OutboxMessage.objects.create(
+            run=run,
+            step_name=step_name,
+            idempotency_key=step.idempotency_key,
+            payload=intent,
+            created_at=now,
+            updated_at=now,
+        )
+        step.intent = intent
+        step.request_hash = request_hash
+        step.attempts += 1
+        step.first_attempt_at = step.first_attempt_at or now
+        step.last_attempt_at = now
+        step.remote_ref = f"outbox:{message.pk}"
+        step.result = {"outbox_id": message.pk, "delivered": False}
+        _save_step(
+            step,
+            [
+                "state",
+                "intent",
+                "request_hash",
+                "attempts",
+                "first_attempt_at",
+                "last_attempt_at",
+                "remote_ref",
+                "result",
+            ],
+            now,
+        )
+        run.current_step = step_name
+        _renew(run, now)
+        _save_run(run, ["current_step", "lease_expires_at"], now)
+        _audit(run, "step_enqueue", actor=None, step_name=step_name, before=before, after=_snap(run, step), now=now)
+        _publish_on_commit(message.pk)
+        return message
+
+
+@dataclass(frozen=True)
+class OutboxClaim:
+    pk: int
+    owner: str
+    generation: int
+
+
+def outbox_due(now: datetime) -> Q:
+    due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+    unclaimed = Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)
+    return Q(state=OutboxState.PENDING) & due & unclaimed
+
+
+def outbox_claim(*, pk: int, owner: str | None = None, now: datetime | None = None) -> OutboxClaim | None:
+    """Take one due outbox row for a delivery attempt (counted before the call, like a
+    step's intent checkpoint), or None if it is not due or another publisher holds it."""
+    now = now or clock.now()
+    with transaction.atomic():
+        qs = OutboxMessage.objects.filter(outbox_due(now), pk=pk)
+        message = qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked).first()
+        if message is None:
+            return None
+        message.attempts += 1
+        message.claimed_by = owner or default_owner()
+        message.claimed_until = now + lease_duration()
+        message.claim_generation += 1
+        message.updated_at = now
+        message.save(update_fields=["attempts", "claimed_by", "claimed_until", "claim_generation", "updated_at"])
+        return OutboxClaim(pk=message.pk, owner=message.claimed_by, generation=message.claim_generation)
+
+
+def _locked_outbox(claim: OutboxClaim) -> tuple[WorkflowRun, OutboxMessage]:
+    run_pk = OutboxMessage.objects.filter(pk=claim.pk).values_list("run_id", flat=True).first()
+    run = WorkflowRun.objects.select_for_update().get(pk=run_pk)  # lock order: run, step, outbox
+    message = (
+        OutboxMessage.objects.select_for_update()
+        .filter(pk=claim.pk, claim_generation=claim.generation, state=OutboxState.PENDING)
+        .first()
+    )
+    if message is None:
+        raise LeaseLost(f"outbox claim {claim.generation} on {claim.pk} is no longer held")
+    return run, message
+
+
+def _wake(run: WorkflowRun, now: datetime) -> None:
+    """Make a waiting run due now (it may be waiting for this delivery)."""
+    if run.state in (RunState.WAITING, RunState.COMPENSATING) and not _live_lease(run, now):
+        run.next_wake_at = now
+        _save_run(run, ["next_wake_at"], now)
+        _enqueue_on_commit(run.pk)
+
+
+def outbox_delivered(*, claim: OutboxClaim, outcome: Outcome, how: str, now: datetime | None = None) -> None:
+    """Record the provider's message id on the outbox row and on its step."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run, message = _locked_outbox(claim)
+        step = StepExecution.objects.select_for_update().get(run=run, step_name=message.step_name)
+        before = {"outbox": message.state, "remote_ref": step.remote_ref}
+        message.state = OutboxState.DELIVERED
+        message.provider_ref = outcome.remote_ref
+        message.delivered_at = now
+        message.claimed_by, message.claimed_until, message.next_attempt_at = "", None, None
+        message.updated_at = now
+        message.save(
+            update_fields=[
+                "state",
+                "provider_ref",
+                "delivered_at",
+                "claimed_by",
+                "claimed_until",
+                "next_attempt_at",
+                "updated_at",
+            ]
+        )
+        step.remote_ref = outcome.remote_ref
+        step.result = {**(outcome.result or {}), "outbox_id": message.pk, "delivered": True}
+        _save_step(step, ["remote_ref", "result"], now)
+        _audit(
+            run,
+            "outbox_delivered",
+            actor=None,
+            step_name=message.step_name,
+            reason=how,
+            before=before,
+            after={"outbox": message.state, "remote_ref": step.remote_ref, "attempts": message.attempts},
+            now=now,
+        )
+        _wake(run, now)
+
+
+def outbox_failed_attempt(*, claim: OutboxClaim, error: StepError, spec: StepSpec, now: datetime | None = None) -> str:
+    """A delivery attempt failed. Transient errors and unknown outcomes are retried within the
+    step's budget (the next attempt looks the message up first); a permanent error or an
+    exhausted budget stops the row as ``failed`` and wakes the run, which goes to review."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run, message = _locked_outbox(claim)
+        before = {"outbox": message.state, "attempts": message.attempts}
+        message.last_error_kind = error.kind
+        message.last_error = error.message[:4000]
+        message.claimed_by, message.claimed_until = "", None
+        retryable = error.kind == ErrorKind.UNKNOWN_OUTCOME or spec.retry.retries(error.kind)
+        elapsed = (now - message.created_at).total_seconds()
+        as_retry = TransientError(error.message, retry_after=error.retry_after)
+        delay = spec.retry.next_delay(message.attempts, as_retry, elapsed=elapsed) if retryable else None
+        if delay is None:
+            message.state = OutboxState.FAILED
+            message.next_attempt_at = None
+            action = "outbox_fail"
+        else:
+            message.next_attempt_at = now + timedelta(seconds=delay)
+            action = "outbox_retry"
+        message.updated_at = now
+        message.save(
+            update_fields=[
+                "state",
+                "last_error_kind",
+                "last_error",
+                "claimed_by",
+                "claimed_until",
+                "next_attempt_at",
+                "updated_at",
+            ]
+        )
+        _audit(
+            run,
+            action,
+            actor=None,
+            step_name=message.step_name,
+            reason=error.message[:1000],
+            before=before,
+            after={"outbox": message.state, "attempts": message.attempts, "error_kind": error.kind},
+            now=now,
+        )
+        if action == "outbox_fail":
+            _wake(run, now)
+        return action
+
+
+def outbox_cancel(*, lease: Lease, step_name: str, now: datetime | None = None) -> OutboxMessage:
+    """Compensating an undelivered message: stop its delivery. Refused (the row is returned
+    unchanged) while a publisher holds it."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        message = OutboxMessage.objects.select_for_update().get(run=run, step_name=step_name)
+        claimed = message.claimed_until is not None and message.claimed_until > now
+        if message.state in (OutboxState.PENDING, OutboxState.FAILED) and not claimed:
+            before = {"outbox": message.state}
+            message.state = OutboxState.CANCELLED
+            message.claim_generation += 1  # fences a publisher whose claim expired mid-call
+            message.next_attempt_at = None
+            message.updated_at = now
+            message.save(update_fields=["state", "claim_generation", "next_attempt_at", "updated_at"])
+            _renew(run, now)
+            _save_run(run, ["lease_expires_at"], now)
+            _audit(
+                run,
+                "outbox_cancel",
+                actor=None,
+                step_name=step_name,
+                before=before,
+                after={"outbox": message.state, "attempts": message.attempts},
+                now=now,
+            )
+        return message

@@ -119,6 +119,7 @@ class StepSpec:
     intent_fn: Callable[[StepContext], dict[str, Any]] | None = None
     lookup_fn: Callable[[StepContext], Outcome | None] | None = None
     compensable: bool = False
+    outbox: bool = False
     compensation_fn: Callable[[StepContext], Any] | None = None
     compensation: Compensation | None = None
 
@@ -155,6 +156,8 @@ class StepSpec:
     def recovery_rule(self) -> str:
         if self.is_decision:
             return "reuse the accepted decision; ask the model again only while none is accepted"
+        if self.outbox:
+            return "transactional outbox: the publisher looks the message up by key before any resend"
         return Reconcile(self.reconcile).label if self.reconcile else "none declared"
 
     def contract_row(self) -> dict[str, Any]:
@@ -202,9 +205,15 @@ class Workflow:
         retry: RetryPolicy = DEFAULT_POLICY,
         reconcile: Reconcile | None = None,
         compensable: bool = False,
+        outbox: bool = False,
         name: str | None = None,
     ) -> Callable[[Callable], StepSpec]:
-        """Declare the next step. A step safe to re-run reconciles by re-running by default."""
+        """Declare the next step. A step safe to re-run reconciles by re-running by default.
+
+        With ``outbox=True`` the executor does not call the step: it writes its intent as an
+        outbox row in the same transaction as the step's success, and the outbox publisher
+        calls the step function later, with retries, looking the message up (``@lookup``)
+        before any repeat, so it is delivered once even across crashes."""
         if reconcile is None and rerun == Rerun.YES:
             reconcile = Reconcile.RERUN
 
@@ -219,6 +228,7 @@ class Workflow:
                 reconcile=Reconcile(reconcile) if reconcile else None,
                 position=len(self.steps),
                 compensable=compensable,
+                outbox=outbox,
             )
             if any(s.name == spec.name for s in self.steps):
                 raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")

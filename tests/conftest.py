@@ -8,7 +8,7 @@ from django.db import connection
 from django.utils import timezone
 
 from recovery import clock as engine_clock
-from recovery.executor import advance
+from recovery.executor import advance, publish_due
 from recovery.models import RunState, WorkflowRun
 from tests.support import receivers
 
@@ -56,6 +56,7 @@ def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 60) -> Wor
     left `running` by a crashed worker is taken over once its lease expires."""
     for _ in range(max_rounds):
         advance(run.pk, owner="test-executor")
+        publish_due(owner="test-publisher")
         run.refresh_from_db()
         if run.lease_owner:  # a crashed worker's lease: wait for it to expire
             clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)

@@ -12,7 +12,16 @@ from django.db import connections
 from recovery import failpoints, transitions
 from recovery.errors import ErrorKind
 from recovery.executor import advance
-from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState, WorkflowRun
+from recovery.models import (
+    AuditEvent,
+    DecisionState,
+    ModelDecision,
+    OutboxMessage,
+    OutboxState,
+    RunState,
+    StepState,
+    WorkflowRun,
+)
 from recovery.transitions import run_start
 from recovery.workflow import CompensationPolicy
 from sandbox import faults
@@ -87,16 +96,13 @@ def test_1_crash_before_the_request_creates_the_task_exactly_once(clock, monkeyp
 
 
 @pytest.mark.parametrize(
-    "service,operation,name,counter",
+    "service,operation,name",
     [
-        ("tasks", "create", "create_approval_task", "tasks"),  # look up by idempotency key
-        ("messages", "send", "notify_approver", "messages"),  # look up by client reference
-        ("ledger", "post", "post_ledger_entry", "ledger_entries"),  # look up by transaction reference
+        ("tasks", "create", "create_approval_task"),  # look up by idempotency key
+        ("ledger", "post", "post_ledger_entry"),  # look up by transaction reference
     ],
 )
-def test_2_receiver_commits_then_the_response_is_lost_reconciles_to_exactly_one_object(
-    clock, service, operation, name, counter
-):
+def test_2_receiver_commits_then_the_response_is_lost_reconciles_to_exactly_one_object(clock, service, operation, name):
     faults.set_fault(service, operation, "commit_then_drop")
     run = drive(start(), clock)
     assert run.state == RunState.COMPLETED
@@ -106,6 +112,24 @@ def test_2_receiver_commits_then_the_response_is_lost_reconciles_to_exactly_one_
     assert AuditEvent.objects.filter(run=run, step_name=name, action="step_unknown").count() == 1
     assert AuditEvent.objects.filter(run=run, step_name=name, action="reconcile").count() == 1
     assert not AuditEvent.objects.filter(run=run, step_name=name, action="step_fail").exists()
+    assert_invariants()
+
+
+def test_2_messenger_commits_then_the_answer_is_lost_the_outbox_finds_it_and_never_resends(clock):
+    """The messenger does not honour keys: the outbox's next attempt looks the message up by
+    its client reference before sending again."""
+    faults.set_fault("messages", "send", "commit_then_drop")
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
+    message = OutboxMessage.objects.get(run=run)
+    assert (message.state, message.attempts) == (OutboxState.DELIVERED, 2)
+    retry = AuditEvent.objects.get(run=run, action="outbox_retry")
+    assert retry.after["error_kind"] == ErrorKind.UNKNOWN_OUTCOME
+    delivered = AuditEvent.objects.get(run=run, action="outbox_delivered")
+    assert delivered.reason == "found by key after a lost answer"
+    assert step(run, "notify_approver").remote_ref == message.provider_ref
+    assert message.provider_ref.startswith("msg_")
     assert_invariants()
 
 
@@ -128,14 +152,28 @@ def test_3_rate_limited_twice_then_success_backs_off_honouring_retry_after(clock
 
 
 def test_4_permanent_authorisation_error_stops_without_spending_the_retry_budget(clock):
-    faults.set_fault("messages", "send", "forbidden", times=5)
+    faults.set_fault("tasks", "create", "forbidden", times=5)
     run = drive(start(), clock)
     assert run.state == RunState.FAILED
-    notify = step(run, "notify_approver")
-    assert (notify.attempts, notify.last_error_kind, notify.next_attempt_at) == (1, ErrorKind.PERMANENT, None)
-    assert "403" in notify.last_error
-    assert faults.counts() == {**ONE_OF_EACH, "messages": 0, "ledger_entries": 0}
-    assert step(run, "post_ledger_entry").state == StepState.PENDING
+    task = step(run, "create_approval_task")
+    assert (task.attempts, task.last_error_kind, task.next_attempt_at) == (1, ErrorKind.PERMANENT, None)
+    assert "403" in task.last_error
+    assert faults.counts() == {**ONE_OF_EACH, "tasks": 0, "messages": 0, "ledger_entries": 0}
+    assert step(run, "notify_approver").state == StepState.PENDING
+    assert advance(run.pk) is None
+    assert_invariants()
+
+
+def test_4_a_message_refused_for_good_stops_its_outbox_row_after_one_attempt_and_the_run_for_review(clock):
+    """The outbox decouples delivery: the ledger entry is posted; the run does not complete
+    while a message it owes was refused."""
+    faults.set_fault("messages", "send", "forbidden", times=5)
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    message = OutboxMessage.objects.get(run=run)
+    assert (message.state, message.attempts, message.last_error_kind) == (OutboxState.FAILED, 1, ErrorKind.PERMANENT)
+    assert "not delivered" in run.status_reason
+    assert faults.counts() == {**ONE_OF_EACH, "messages": 0}
     assert_invariants()
 
 
@@ -275,3 +313,65 @@ def test_a_slow_receiver_past_the_timeout_is_unknown_then_found(clock):
     assert run.state == RunState.COMPLETED
     assert faults.counts() == ONE_OF_EACH
     assert step(run, "create_approval_task").last_error_kind == ErrorKind.UNKNOWN_OUTCOME
+
+
+def test_outbox_publisher_killed_before_sending_delivers_once_later(clock, monkeypatch):
+    """The crash between the commit of the outbox row and the publish."""
+    from recovery.executor import publish_due
+
+    run = start()
+    advance(run.pk)  # the run enqueues the message and goes on to the ledger
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "notify_approver:before_call=raise")
+    with pytest.raises(failpoints.FailpointRaised):
+        publish_due()
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    assert faults.counts()["messages"] == 0
+    assert publish_due() == 0  # its claim has not expired: nobody else sends it meanwhile
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
+    assert OutboxMessage.objects.get(run=run).attempts == 2
+    assert_invariants()
+
+
+def test_outbox_publisher_killed_after_sending_never_sends_twice(clock, monkeypatch):
+    from recovery.executor import publish_due
+
+    run = start()
+    advance(run.pk)
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "notify_approver:after_call=raise")
+    with pytest.raises(failpoints.FailpointRaised):
+        publish_due()
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    assert faults.counts()["messages"] == 1
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
+    assert AuditEvent.objects.get(run=run, action="outbox_delivered").reason == "found by key after a lost answer"
+    assert_invariants()
+
+
+def test_compensating_a_message_not_yet_delivered_cancels_it_instead_of_correcting(clock):
+    run = start()
+    advance(run.pk)  # task created, message enqueued, ledger posted; nothing published yet
+    supervisor = get_user_model().objects.create_user("sam")
+    run.refresh_from_db()
+    assert run.state == RunState.WAITING  # waiting for its outbox
+    transitions.run_compensate(workflow_id=run.workflow_id, actor=supervisor, reason="duplicate invoice")
+    for _ in range(5):
+        advance(run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.COMPENSATED
+    assert OutboxMessage.objects.get(run=run).state == OutboxState.CANCELLED
+    assert step(run, "notify_approver").compensation_ref.endswith("cancelled")
+    assert faults.counts() == {
+        "tasks": 1,
+        "messages": 0,
+        "ledger_entries": 1,
+        "tasks_cancelled": 1,
+        "corrections": 0,
+        "ledger_reversals": 1,
+    }
+    from recovery.executor import publish_due
+
+    assert publish_due() == 0 and faults.counts()["messages"] == 0  # never sent afterwards

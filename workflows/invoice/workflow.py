@@ -98,11 +98,12 @@ def cancel_approval_task(ctx):
 
 
 @invoice.step(
-    effect="a message to the approver",
+    effect="a message to the approver, through the transactional outbox",
     rerun=Rerun.NO,
     reconcile=Reconcile.LOOKUP,
     retry=WRITE_POLICY,
     compensable=True,
+    outbox=True,
 )
 def notify_approver(ctx):
     return adapters.send_message(client_ref=ctx.idempotency_key, **ctx.intent)
