@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 PORT ?= 8000
+export PORT  # settings derive SANDBOX_URL from it
 
 .PHONY: run test install migrate
 

@@ -7,7 +7,15 @@ live in the database: no ``autoretry_for`` here.
 
 from celery import shared_task
 
-from . import executor
+from . import executor, transitions
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def start_run(workflow_name: str, event: dict) -> str:
+    """Consume a business event from the queue. Redelivery (or a duplicate event) gives the
+    same run: the unique workflow id decides. Returns the workflow id."""
+    run, _ = transitions.run_start(workflow=workflow_name, data=event)
+    return run.workflow_id
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
