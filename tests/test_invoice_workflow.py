@@ -2,6 +2,7 @@
 systems (a live server) with their own database. After each: count tasks, messages and ledger
 entries, and check leases, remote references and terminal states."""
 
+import json
 import threading
 
 import pytest
@@ -26,6 +27,7 @@ from recovery.transitions import run_start
 from recovery.workflow import CompensationPolicy
 from sandbox import faults
 from tests.conftest import drive, lease_expired_running_steps
+from tests.test_model_providers import stub  # noqa: F401  (the fixture)
 from workflows.invoice import workflow as invoice_module
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
@@ -375,3 +377,41 @@ def test_compensating_a_message_not_yet_delivered_cancels_it_instead_of_correcti
     from recovery.executor import publish_due
 
     assert publish_due() == 0 and faults.counts()["messages"] == 0  # never sent afterwards
+
+
+def test_openai_provider_end_to_end_keeps_invalid_output_and_never_persists_the_api_key(clock, settings, stub):  # noqa: F811
+    """Rule 6: checkpoints, audit events and history hold identifiers and decisions, never the
+    model's credentials, even when the provider echoes the key back in an error."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from tests.test_model_providers import VALID_DECISION, Reply, completion
+
+    key = "sk-planted-SECRET-0123456789abcdef"
+    settings.MODEL_PROVIDER, settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = "openai", stub.base_url, key
+    stub.reply(
+        Reply(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "2"}),
+        Reply(200, completion("{not json")),
+        Reply(200, completion(json.dumps(VALID_DECISION))),
+    )
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPLETED
+    assert stub.requests[0].headers["authorization"] == f"Bearer {key}"
+    kept = ModelDecision.objects.get(run=run, state=DecisionState.INVALID)
+    assert kept.invalid_output == "{not json"
+    accepted = ModelDecision.objects.get(run=run, state=DecisionState.ACCEPTED).accepted
+    assert accepted["category"] == "hardware" and accepted["amount"] == "1840.00"
+    assert step(run, "classify").attempts == 3
+    assert faults.counts() == ONE_OF_EACH
+
+    stub.replies.clear()
+    stub.reply(Reply(401, {"error": {"message": f"Incorrect API key provided: {key}"}}))
+    other = drive(start(invoice_id="inv-401"), clock)
+    assert other.state == RunState.FAILED
+    assert "401" in step(other, "classify").last_error
+
+    dump = StringIO()
+    call_command("dumpdata", "recovery", stdout=dump)
+    assert key not in dump.getvalue() and key[10:] not in dump.getvalue()
+    assert "Incorrect API key" in dump.getvalue()  # the error itself is kept, redacted
