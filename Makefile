@@ -22,6 +22,7 @@ migrate: install
 
 # Console + embedded executor on SQLite; no servers needed. Ctrl-C stops both.
 run: migrate
+	$(PY) manage.py seed_demo
 	$(PY) manage.py demo_login
 	@echo "Recovery Console on http://127.0.0.1:$(PORT)/ (embedded executor running beside it)"
 	@trap 'kill 0' INT TERM EXIT; \

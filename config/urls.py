@@ -6,4 +6,5 @@ urlpatterns = [
     path("", lambda request: redirect("admin:index")),
     path("admin/", admin.site.urls),
     path("sandbox/", include("sandbox.urls")),
+    path("api/", include("recovery.urls")),
 ]

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import AuditEvent, ModelDecision, StepExecution, WorkflowRun
+from .models import ApiToken, AuditEvent, ModelDecision, OutboxMessage, StepExecution, WorkflowRun
 
 
 class ReadOnly(admin.ModelAdmin):
@@ -54,3 +54,17 @@ class AuditAdmin(ReadOnly):
 @admin.register(ModelDecision)
 class DecisionAdmin(ReadOnly):
     list_display = ["run", "step_name", "version", "state", "created_at"]
+
+
+@admin.register(OutboxMessage)
+class OutboxAdmin(ReadOnly):
+    list_display = ["run", "step_name", "state", "attempts", "provider_ref", "next_attempt_at", "last_error_kind"]
+    list_filter = ["state", "step_name"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(ReadOnly):
+    """Tokens are issued and revoked with create_api_token / revoke_api_token; only a hash is kept."""
+
+    list_display = ["name", "prefix", "workflow_name", "created_at", "revoked_at", "last_used_at"]
+    exclude = ["token_hash"]

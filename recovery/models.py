@@ -181,6 +181,8 @@ class OutboxMessage(models.Model):
     payload = models.JSONField()
     state = models.CharField(max_length=12, choices=OutboxState.choices, default=OutboxState.PENDING)
     attempts = models.PositiveIntegerField(default=0)
+    budget_start_attempt = models.PositiveIntegerField(default=0)  # attempts before an operator's resume
+    budget_started_at = models.DateTimeField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     claimed_by = models.CharField(max_length=200, blank=True)
     claimed_until = models.DateTimeField(null=True, blank=True)
@@ -197,3 +199,26 @@ class OutboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"outbox {self.pk} ({self.step_name}, {self.state})"
+
+
+class ApiToken(models.Model):
+    """A bearer token that lets one external system start runs of one workflow through the
+    event API. Only the token's sha256 is stored: the token itself is shown once, when it is
+    issued, and cannot be recovered from this row."""
+
+    name = models.CharField(max_length=100, unique=True)
+    token_hash = models.CharField(max_length=64, unique=True)  # sha256 hex of the token
+    prefix = models.CharField(max_length=8)  # the token's first characters, to tell tokens apart
+    workflow_name = models.CharField(max_length=100)  # the one workflow it may start
+    created_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=~models.Q(workflow_name=""), name="api_token_has_workflow"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…, {self.workflow_name})"

@@ -57,7 +57,7 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
     "wait": (frozenset({RunState.RUNNING}), RunState.WAITING),
     "release": (frozenset({RunState.RUNNING}), RunState.PENDING),
     "complete": (frozenset({RunState.RUNNING}), RunState.COMPLETED),
-    "review": (frozenset({RunState.RUNNING}), RunState.NEEDS_REVIEW),
+    "review": (frozenset({RunState.RUNNING, RunState.COMPENSATING}), RunState.NEEDS_REVIEW),
     "fail": (frozenset({RunState.RUNNING}), RunState.FAILED),
     "resume": (frozenset({RunState.NEEDS_REVIEW, RunState.FAILED, RunState.WAITING}), RunState.PENDING),
     "terminate": (
@@ -138,9 +138,12 @@ def _check(table: dict, action: str, current: str, what: str) -> Any:
     return target
 
 
-def _actor_fields(actor: AbstractBaseUser | None) -> dict[str, Any]:
+def _actor_fields(actor: AbstractBaseUser | str | None) -> dict[str, Any]:
+    """A user, a system's label (``"api:erp"``), or None for the executor."""
     if actor is None:
         return {"actor": EXECUTOR, "actor_user": None}
+    if isinstance(actor, str):
+        return {"actor": actor, "actor_user": None}
     return {"actor": actor.get_username(), "actor_user": actor}
 
 
@@ -148,7 +151,7 @@ def _audit(
     run: WorkflowRun,
     action: str,
     *,
-    actor: AbstractBaseUser | None,
+    actor: AbstractBaseUser | str | None,
     before: dict,
     after: dict,
     now: datetime,
@@ -241,7 +244,7 @@ def _publish_on_commit(outbox_pk: int) -> None:
 
 
 def run_start(
-    *, workflow: Workflow | str, data: Any, actor: AbstractBaseUser | None = None, now: datetime | None = None
+    *, workflow: Workflow | str, data: Any, actor: AbstractBaseUser | str | None = None, now: datetime | None = None
 ) -> tuple[WorkflowRun, bool]:
     """Create the run for a business event, or return the one that event already created.
 
@@ -687,9 +690,23 @@ def run_resume(
             run=run, state__in=[StepState.FAILED, StepState.UNKNOWN]
         ):
             _restart_budget(step, now, actor)
+        requeued = []
+        for message in OutboxMessage.objects.select_for_update().filter(run=run, state=OutboxState.FAILED):
+            # Delivered once at most: the next attempt looks the message up before sending.
+            message.state = OutboxState.PENDING
+            message.budget_start_attempt = message.attempts
+            message.budget_started_at = now
+            message.next_attempt_at = None
+            message.updated_at = now
+            message.save(
+                update_fields=["state", "budget_start_attempt", "budget_started_at", "next_attempt_at", "updated_at"]
+            )
+            _publish_on_commit(message.pk)
+            requeued.append(message.step_name)
         _release_into(run, RunState.PENDING, reason=f"resumed by {_actor_fields(actor)['actor']}")
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-        _audit(run, "resume", actor=actor, reason=reason, before=before, after=_snap(run), now=now)
+        after = {**_snap(run), "outbox_requeued": requeued} if requeued else _snap(run)
+        _audit(run, "resume", actor=actor, reason=reason, before=before, after=after, now=now)
         _enqueue_on_commit(run.pk)
         return run
 
@@ -1240,9 +1257,10 @@ def outbox_failed_attempt(*, claim: OutboxClaim, error: StepError, spec: StepSpe
         message.last_error = error.message[:4000]
         message.claimed_by, message.claimed_until = "", None
         retryable = error.kind == ErrorKind.UNKNOWN_OUTCOME or spec.retry.retries(error.kind)
-        elapsed = (now - message.created_at).total_seconds()
+        elapsed = (now - (message.budget_started_at or message.created_at)).total_seconds()
         as_retry = TransientError(error.message, retry_after=error.retry_after)
-        delay = spec.retry.next_delay(message.attempts, as_retry, elapsed=elapsed) if retryable else None
+        attempt = message.attempts - message.budget_start_attempt
+        delay = spec.retry.next_delay(attempt, as_retry, elapsed=elapsed) if retryable else None
         if delay is None:
             message.state = OutboxState.FAILED
             message.next_attempt_at = None

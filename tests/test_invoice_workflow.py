@@ -415,3 +415,18 @@ def test_openai_provider_end_to_end_keeps_invalid_output_and_never_persists_the_
     call_command("dumpdata", "recovery", stdout=dump)
     assert key not in dump.getvalue() and key[10:] not in dump.getvalue()
     assert "Incorrect API key" in dump.getvalue()  # the error itself is kept, redacted
+
+
+def test_resume_after_a_refused_message_delivers_it_once_and_completes(clock):
+    faults.set_fault("messages", "send", "forbidden")
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    operator = get_user_model().objects.create_user("olga")
+    transitions.run_resume(workflow_id=run.workflow_id, actor=operator, reason="messenger token rotated")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    message = OutboxMessage.objects.get(run=run)
+    assert (message.state, message.attempts) == (OutboxState.DELIVERED, 2)
+    assert AuditEvent.objects.get(run=run, action="resume").after["outbox_requeued"] == ["notify_approver"]
+    assert faults.counts() == ONE_OF_EACH
+    assert_invariants()

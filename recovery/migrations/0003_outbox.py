@@ -20,6 +20,8 @@ class Migration(migrations.Migration):
                 ('payload', models.JSONField()),
                 ('state', models.CharField(choices=[('pending', 'Pending'), ('delivered', 'Delivered'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='pending', max_length=12)),
                 ('attempts', models.PositiveIntegerField(default=0)),
+                ('budget_start_attempt', models.PositiveIntegerField(default=0)),
+                ('budget_started_at', models.DateTimeField(blank=True, null=True)),
                 ('next_attempt_at', models.DateTimeField(blank=True, null=True)),
                 ('claimed_by', models.CharField(blank=True, max_length=200)),
                 ('claimed_until', models.DateTimeField(blank=True, null=True)),

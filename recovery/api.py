@@ -1,0 +1,139 @@
+"""The event ingestion API: another system delivers a business event and the engine starts
+its run, or finds the run that event already started.
+
+    POST /api/events/<workflow_name>
+    Authorization: Bearer rc_…
+    {"tenant": "acme", "invoice_id": "INV-1001", "text": "…"}
+
+    201 {"workflow_id": "invoice:acme:INV-1001", "state": "pending", "created": true}
+    200 the same, "created": false — a redelivery of the same event (same run)
+
+Senders deliver at least once; that is safe because the workflow id comes from the event.
+Errors are ``{"error": …}`` (plus ``"fields"`` for validation) and write nothing: 401 no or
+an unknown or revoked token, 404 unknown workflow, 403 a token for another workflow, 400 a
+body that is not a JSON object or does not validate, 413 a body over 256 KiB, 409 the same
+workflow id with a different input, 405 any method but POST. Token auth, no cookies: no CSRF.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pydantic
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from . import tokens
+from .errors import StartConflict
+from .models import WorkflowRun
+from .transitions import run_start
+from .workflow import Workflow, get_workflow
+
+log = logging.getLogger("recovery.api")
+
+MAX_BODY_BYTES = 256 * 1024
+
+
+class ApiError(Exception):
+    """A request refused with ``status``; nothing was written."""
+
+    def __init__(
+        self, status: int, message: str, *, fields: dict[str, str] | None = None, headers: dict[str, str] | None = None
+    ):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.fields = fields
+        self.headers = headers or {}
+
+    def response(self) -> JsonResponse:
+        body: dict[str, Any] = {"error": self.message}
+        if self.fields:
+            body["fields"] = self.fields
+        response = JsonResponse(body, status=self.status)
+        for name, value in self.headers.items():
+            response[name] = value
+        return response
+
+
+@csrf_exempt
+def events(request: HttpRequest, workflow_name: str) -> JsonResponse:
+    try:
+        if request.method != "POST":
+            raise ApiError(405, f"method {request.method} not allowed; POST the event", headers={"Allow": "POST"})
+        token = _token(request)
+        workflow = _workflow(workflow_name)
+        if not tokens.may_start(token, workflow.name):
+            raise ApiError(403, f"this token may not start {workflow.name!r} runs")
+        data = _json_object(request)
+        run, created = _start(workflow, data, actor=f"api:{token.name}")
+    except ApiError as exc:
+        return exc.response()
+    log.info("event for %s from token %r: %s (%s)", workflow.name, token.name, run.workflow_id, created)
+    return JsonResponse(
+        {"workflow_id": run.workflow_id, "state": run.state, "created": created}, status=201 if created else 200
+    )
+
+
+def _token(request: HttpRequest) -> tokens.ApiToken:
+    presented = tokens.bearer_token(request.headers.get("Authorization"))
+    if presented is None:
+        raise ApiError(
+            401, "an Authorization: Bearer token is required", headers={"WWW-Authenticate": 'Bearer realm="api"'}
+        )
+    token = tokens.authenticate(presented)
+    if token is None:
+        raise ApiError(
+            401, "unknown or revoked token", headers={"WWW-Authenticate": 'Bearer realm="api", error="invalid_token"'}
+        )
+    return token
+
+
+def _workflow(name: str) -> Workflow:
+    try:
+        return get_workflow(name)
+    except LookupError:
+        raise ApiError(404, f"unknown workflow {name!r}") from None
+
+
+def _json_object(request: HttpRequest) -> dict[str, Any]:
+    try:
+        declared = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        raise ApiError(400, "invalid Content-Length") from None
+    if declared > MAX_BODY_BYTES or len(request.body) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the event is larger than {MAX_BODY_BYTES // 1024} KiB")
+    try:
+        data = json.loads(request.body, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the event must be a JSON object")
+    return data
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _start(workflow: Workflow, data: dict[str, Any], *, actor: str) -> tuple[WorkflowRun, bool]:
+    try:
+        return run_start(workflow=workflow, data=data, actor=actor)
+    except pydantic.ValidationError as exc:
+        raise ApiError(400, "the event does not match the workflow's input", fields=_fields(exc)) from None
+    except StartConflict as exc:
+        raise ApiError(409, str(exc)) from None
+    except (ValueError, KeyError) as exc:  # a workflow without a schema: its workflow id needs a field
+        raise ApiError(400, f"the event cannot start {workflow.name}: {exc}") from None
+
+
+def _fields(exc: pydantic.ValidationError) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for error in exc.errors(include_url=False, include_input=False):
+        path = ".".join(str(part) for part in error["loc"]) or "__root__"
+        fields[path] = f"{fields[path]}; {error['msg']}" if path in fields else error["msg"]
+    return fields

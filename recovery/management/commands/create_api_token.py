@@ -1,0 +1,19 @@
+from django.core.management.base import CommandError
+
+from recovery.management.base import RecoveryCommand
+from recovery.tokens import issue_token
+
+
+class Command(RecoveryCommand):
+    help = "Issue an API token that may start runs of one workflow; prints the token once (only its hash is kept)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", help="a unique name for the token, e.g. the system that will use it")
+        parser.add_argument("--workflow", required=True, help="the one workflow this token may start")
+
+    def handle(self, *args, name, workflow, **options):
+        try:
+            _, token = issue_token(name=name, workflow_name=workflow)
+        except (LookupError, ValueError) as exc:
+            raise CommandError(" ".join(str(exc).split())) from None
+        self.stdout.write(token)

@@ -1,0 +1,417 @@
+"""Demo runs for the console, made by the real engine against the real simulated systems.
+
+Every state comes from the engine's own transitions: faults are armed in the sandbox (as the
+``sandbox fault`` command does), a failpoint stops the executor where a crash would, the
+model provider is swapped for one that answers off-schema, and the engine's clock is moved
+forward instead of sleeping through retry intervals. No row is written by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from unittest import mock
+
+import httpx
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management.base import CommandError
+from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+from django.core.wsgi import get_wsgi_application
+from django.utils import timezone
+
+from recovery import clock as engine_clock
+from recovery import failpoints, transitions
+from recovery.executor import advance, publish
+from recovery.management.base import RecoveryCommand
+from recovery.management.commands.createoperator import ROLES, create_operator
+from recovery.models import OutboxMessage, RunState, WorkflowRun
+from recovery.workflow import get_workflow
+from sandbox import faults
+from sandbox.models import Fault
+
+OWNER = "seed-demo"
+# The dropped answers cost one read timeout each; one second is plenty on one machine.
+SEED_HTTP_TIMEOUT = 1.0
+# Demo events arrive this far apart, over the past two hours; retries fit inside a slot.
+SLOT = timedelta(minutes=10)
+MAX_ROUNDS = 60
+
+
+# What each way of playing a scenario leaves the run in.
+OUTCOMES = {
+    "plain": RunState.COMPLETED,
+    "task_answer_lost": RunState.COMPLETED,
+    "ledger_unavailable_once": RunState.COMPLETED,
+    "message_answer_lost": RunState.COMPLETED,
+    "compensated": RunState.COMPENSATED,
+    "unknown_outcome": RunState.NEEDS_REVIEW,
+    "task_forbidden": RunState.FAILED,
+    "model_off_schema": RunState.NEEDS_REVIEW,
+    "compensation_fails": RunState.COMPENSATION_FAILED,
+    "message_forbidden": RunState.NEEDS_REVIEW,
+    "ledger_rate_limited": RunState.WAITING,
+}
+# Played on the real clock: its retry time must stay in the future.
+LIVE = frozenset({"ledger_rate_limited"})
+
+
+@dataclass(frozen=True)
+class Scenario:
+    tenant: str
+    invoice_id: str
+    vendor: str
+    items: str
+    total: str
+    play: str  # the Seeder method that plays it
+
+    @property
+    def event(self) -> dict[str, Any]:
+        text = f"{self.vendor} — {self.items}. Total due: {self.total}"
+        return {"tenant": self.tenant, "invoice_id": self.invoice_id, "vendor": self.vendor, "text": text}
+
+
+# fmt: off
+SCENARIOS = (
+    Scenario("acme", "INV-1001", "ACME Office Supply", "40 ergonomic chairs and 10 desks", "EUR 1,840.00", "plain"),
+    Scenario("globex", "GX-2024-117", "Globex Software", "annual licence, 25 seats", "USD 7,450.00",
+             "task_answer_lost"),
+    Scenario("initech", "IN-5531", "Initech Hardware", "12 laptops and 12 monitors", "EUR 18,960.00",
+             "ledger_unavailable_once"),
+    Scenario("umbrella", "UMB-0042", "Umbrella Travel", "flights and hotel, Berlin sales summit", "GBP 2,310.50",
+             "message_answer_lost"),
+    Scenario("hooli", "HL-889", "Hooli Cleaning", "monthly office cleaning, March", "EUR 980.00", "plain"),
+    Scenario("stark", "SI-7781", "Stark Legal", "consulting on supplier contracts, 32 hours", "USD 12,400.00",
+             "compensated"),
+    Scenario("acme", "INV-1002", "ACME Office Supply", "6 standing desks and 2 chairs", "EUR 3,270.00",
+             "unknown_outcome"),
+    Scenario("globex", "GX-2024-118", "Globex Software", "SaaS subscription renewal, 12 months", "USD 2,400.00",
+             "task_forbidden"),
+    Scenario("initech", "IN-5532", "Initech", "taxi receipts for the client visit in Lyon", "EUR 146.80",
+             "model_off_schema"),
+    Scenario("umbrella", "UMB-0043", "Umbrella Hardware", "4 monitors for the support team", "GBP 1,196.00",
+             "compensation_fails"),
+    Scenario("soylent", "SC-104", "Soylent Catering", "lunch for the quarterly review, 45 people", "EUR 640.00",
+             "message_forbidden"),
+    Scenario("wayne", "WE-3302", "Wayne Paper Co", "200 reams of paper and 30 toner cartridges", "EUR 1,125.40",
+             "ledger_rate_limited"),
+)
+# fmt: on
+
+
+class Command(RecoveryCommand):
+    help = (
+        "Seed a dozen demo invoice runs in every state (completed, waiting, needs_review, failed, compensated, "
+        "compensation_failed) through the real engine and simulated systems, dated over the past two hours. "
+        "Idempotent: demo runs that exist are left as they are, so running it again creates nothing. "
+        "Run it before starting executors."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--sandbox-url",
+            help="where the simulated systems answer (default: SANDBOX_URL); if nothing answers there, "
+            "a temporary server is started on a free local port for the seed's duration",
+        )
+
+    def handle(self, *args, sandbox_url, **options):
+        try:
+            states, new = seed_demo(sandbox_url=sandbox_url, warn=self.stderr.write)
+        except LookupError as exc:
+            raise CommandError(str(exc)) from None
+        counts = ", ".join(f"{state} {states[state]}" for state in RunState.values if states[state])
+        self.stdout.write(f"seed_demo: {states.total()} demo invoice runs ({new} new): {counts}")
+
+
+def seed_demo(*, sandbox_url: str | None, warn: Callable[[str], object]) -> tuple[Counter, int]:
+    """Play every demo scenario whose run does not exist yet; return the demo runs' states
+    and how many were new. A scenario whose run exists is left as it is, so seeding again
+    writes nothing (but the demo users' passwords under DEBUG). Refuses (CommandError, before
+    writing) while foreign faults are armed in the sandbox or no supervisor exists."""
+    workflow = get_workflow("invoice")
+    ids = [workflow.workflow_id(workflow.validate_input(s.event)) for s in SCENARIOS]
+    existing = set(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("workflow_id", flat=True))
+    pending = [s for s, wid in zip(SCENARIOS, ids, strict=True) if wid not in existing]
+    if pending:
+        _refuse_foreign_faults()
+    if settings.DEBUG:
+        for role in ROLES:
+            create_operator(username=role, group=role, password=role)
+    if pending:
+        supervisor = _supervisor()
+        url = (sandbox_url or settings.SANDBOX_URL).rstrip("/")
+        timeout = min(settings.RECOVERY_HTTP_TIMEOUT, SEED_HTTP_TIMEOUT)
+        with (
+            sandbox_server(url) as served,
+            # The seed is the executor of its runs: nothing is handed to Celery meanwhile.
+            _settings(SANDBOX_URL=served, RECOVERY_HTTP_TIMEOUT=timeout, RECOVERY_EXECUTOR="embedded"),
+            mock.patch.dict(os.environ),
+        ):
+            os.environ.pop("RECOVERY_FAILPOINTS", None)  # the seed arms its own, where it needs one
+            seeder = Seeder(supervisor=supervisor, drop_ms=int((timeout + 0.5) * 1000), warn=warn)
+            try:
+                seeder.play(pending)
+            finally:
+                seeder.disarm()
+    states = Counter(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("state", flat=True))
+    return states, len(pending)
+
+
+def _supervisor() -> AbstractBaseUser:
+    """The supervisor whose name the demo's operator actions carry."""
+    User = get_user_model()
+    user = User.objects.filter(groups__name="supervisor", is_active=True).order_by("pk").first()
+    if user is None:
+        raise CommandError(
+            "seed_demo needs an active user in the 'supervisor' group for its operator actions: "
+            "run `createoperator NAME --group supervisor` first (DJANGO_DEBUG creates the demo users itself)"
+        )
+    return user
+
+
+def _refuse_foreign_faults() -> None:
+    armed = list(Fault.objects.using(faults.DB).filter(remaining__gt=0))
+    if armed:
+        listed = "; ".join(str(f) for f in armed[:3]) + ("; …" if len(armed) > 3 else "")
+        raise CommandError(
+            f"the sandbox has {len(armed)} armed fault(s) that would change the demo ({listed}); "
+            "let them be consumed or run `sandbox clear` first"
+        )
+
+
+class _Clock:
+    """The engine's clock for the seed: starts in the past, jumps instead of sleeping, and
+    ticks a little with each reading so that a run's events do not all share one instant."""
+
+    TICK = timedelta(milliseconds=40)
+
+    def __init__(self, start: datetime) -> None:
+        self.current = start
+
+    def now(self) -> datetime:
+        self.current += self.TICK
+        return self.current
+
+    def set(self, when: datetime) -> None:
+        self.current = max(self.current, when)
+
+    def advance(self, seconds: float) -> None:
+        self.current += timedelta(seconds=seconds)
+
+
+class _OffScriptModel:
+    """A provider whose answers do not match the decision schema."""
+
+    name = "off-script"
+
+    def propose(self, *, invoice_id: str, text: str) -> str:
+        return '{"category": "bribes", "amount": "146.80"}'
+
+
+class Seeder:
+    """Plays scenarios: each starts its run, arms what its story needs, and drives the run the
+    way the executor and the outbox publisher would, until it rests."""
+
+    def __init__(self, *, supervisor: AbstractBaseUser, drop_ms: int, warn: Callable[[str], object]) -> None:
+        self.supervisor = supervisor
+        self.drop_ms = drop_ms
+        self.warn = warn
+        self.armed: list[int] = []
+        past = sum(1 for s in SCENARIOS if s.play not in LIVE)
+        self.start = timezone.now() - SLOT * (past + 1)
+        self.clock = _Clock(self.start)
+
+    def play(self, scenarios: list[Scenario]) -> None:
+        for scenario in scenarios:
+            if scenario.play in LIVE:
+                run = self._play(scenario)
+            else:
+                self.clock.set(self.start + SLOT * SCENARIOS.index(scenario))
+                with mock.patch.object(engine_clock, "now", self.clock.now):
+                    run = self._play(scenario)
+            if run.state != OUTCOMES[scenario.play]:
+                expected = OUTCOMES[scenario.play]
+                self.warn(f"seed_demo: {run.workflow_id} ended {run.state}, expected {expected}")
+
+    def _play(self, scenario: Scenario) -> WorkflowRun:
+        run, _ = transitions.run_start(workflow="invoice", data=scenario.event)
+        return getattr(self, scenario.play)(run)
+
+    def arm(self, service: str, operation: str, mode: str, **options: int) -> None:
+        self.armed.append(faults.set_fault(service, operation, mode, **options).pk)
+
+    def disarm(self) -> None:
+        """Remove the seed's fault rows (all consumed when every scenario went as planned)."""
+        Fault.objects.using(faults.DB).filter(pk__in=self.armed).delete()
+
+    def drive(self, run: WorkflowRun, *, jump: bool = True) -> WorkflowRun:
+        """Advance the run and deliver its outbox as production would; with ``jump``, move the
+        clock to each retry time (or past a stopped executor's lease) until the run rests."""
+        for _ in range(MAX_ROUNDS):
+            advance(run.pk, owner=OWNER)
+            for pk in OutboxMessage.objects.filter(run_id=run.pk).values_list("pk", flat=True):
+                publish(pk, owner=OWNER)
+            run.refresh_from_db()
+            if run.lease_owner:  # an executor stopped holding it: its lease must expire first
+                if not jump:
+                    return run
+                self.clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
+            elif run.next_wake_at is not None and run.next_wake_at > engine_clock.now():
+                if not jump:
+                    return run
+                self.clock.set(run.next_wake_at)
+            elif run.next_wake_at is None and run.state not in (RunState.PENDING, RunState.COMPENSATING):
+                return run
+        raise CommandError(f"seed_demo: {run.workflow_id} did not come to rest ({run.state})")
+
+    # --- the scenarios ------------------------------------------------------------------
+
+    def plain(self, run: WorkflowRun) -> WorkflowRun:
+        return self.drive(run)
+
+    def task_answer_lost(self, run: WorkflowRun) -> WorkflowRun:
+        """The tracker commits the task and the answer is lost: found by its key, one task."""
+        self.arm("tasks", "create", "commit_then_drop", delay_ms=self.drop_ms)
+        return self.drive(run)
+
+    def ledger_unavailable_once(self, run: WorkflowRun) -> WorkflowRun:
+        self.arm("ledger", "post", "unavailable")
+        return self.drive(run)
+
+    def message_answer_lost(self, run: WorkflowRun) -> WorkflowRun:
+        """The messenger sends and the answer is lost: the outbox finds it, never resends."""
+        self.arm("messages", "send", "commit_then_drop", delay_ms=self.drop_ms)
+        return self.drive(run)
+
+    def compensated(self, run: WorkflowRun) -> WorkflowRun:
+        run = self.drive(run)
+        self.clock.advance(300)
+        transitions.run_compensate(
+            workflow_id=run.workflow_id,
+            actor=self.supervisor,
+            reason="demo: duplicate of SI-7780, the vendor sent the invoice twice",
+        )
+        return self.drive(run)
+
+    def unknown_outcome(self, run: WorkflowRun) -> WorkflowRun:
+        """The tracker commits and the answer is lost; the executor stops right after recording
+        the unknown outcome, and the tracker's look-up is unreachable for the whole look-up
+        budget: the step stays unknown and an operator must reconcile it."""
+        self.arm("tasks", "create", "commit_then_drop", delay_ms=self.drop_ms)
+        with mock.patch.dict(os.environ, {"RECOVERY_FAILPOINTS": "create_approval_task:after_outcome=raise"}):
+            try:
+                advance(run.pk, owner=OWNER)
+            except failpoints.FailpointRaised:
+                pass
+        with _settings(SANDBOX_URL=_unreachable_url()):
+            return self.drive(run)
+
+    def task_forbidden(self, run: WorkflowRun) -> WorkflowRun:
+        self.arm("tasks", "create", "forbidden")
+        return self.drive(run)
+
+    def model_off_schema(self, run: WorkflowRun) -> WorkflowRun:
+        with mock.patch("workflows.invoice.workflow.get_provider", return_value=_OffScriptModel()):
+            return self.drive(run)
+
+    def compensation_fails(self, run: WorkflowRun) -> WorkflowRun:
+        self.arm("ledger", "post", "forbidden")
+        run = self.drive(run)
+        self.clock.advance(240)
+        self.arm("tasks", "cancel", "forbidden")
+        transitions.run_compensate(
+            workflow_id=run.workflow_id, actor=self.supervisor, reason="demo: vendor withdrew the invoice"
+        )
+        return self.drive(run)
+
+    def message_forbidden(self, run: WorkflowRun) -> WorkflowRun:
+        self.arm("messages", "send", "forbidden")
+        return self.drive(run)
+
+    def ledger_rate_limited(self, run: WorkflowRun) -> WorkflowRun:
+        self.arm("ledger", "post", "rate_limit", retry_after=600)
+        return self.drive(run, jump=False)
+
+
+# --- the simulated systems' server ---------------------------------------------------------
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+class _Server(ThreadedWSGIServer):
+    daemon_threads = False  # server_close() waits for requests in flight (a dropped answer's delay)
+
+
+@contextmanager
+def sandbox_server(url: str) -> Iterator[str]:
+    """Yield the URL of a server answering the sandbox endpoints: ``url`` if the sandbox
+    answers there, else a temporary in-process server on a free local port, stopped on exit."""
+    if _sandbox_answers(url):
+        yield url
+        return
+    httpd = _Server(("127.0.0.1", 0), _QuietHandler)
+    httpd.set_app(get_wsgi_application())
+    thread = threading.Thread(target=httpd.serve_forever, name="seed-demo-sandbox", daemon=True)
+    thread.start()
+    # The faults' 4xx and 5xx answers are the point of the demo, not errors worth printing.
+    request_log = logging.getLogger("django.request")
+    level = request_log.level
+    request_log.setLevel(logging.CRITICAL)
+    try:
+        served = f"http://127.0.0.1:{httpd.server_address[1]}"
+        if not _sandbox_answers(served):
+            raise CommandError(f"the temporary sandbox server at {served} does not answer (is 127.0.0.1 allowed?)")
+        yield served
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(10)
+        request_log.setLevel(level)
+
+
+def _sandbox_answers(url: str) -> bool:
+    """True if the sandbox answers at ``url``, False if nothing listens there; anything else
+    listening there is an error."""
+    try:
+        response = httpx.get(f"{url}/sandbox/tasks/", params={"idempotency_key": "seed-demo-probe"}, timeout=5)
+    except httpx.ConnectError:
+        return False
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise CommandError(f"{url} does not answer like the sandbox: {type(exc).__name__}: {exc}") from None
+    try:
+        ok = response.status_code == 200 and "results" in response.json()
+    except ValueError:
+        ok = False
+    if not ok:
+        raise CommandError(f"{url} answers, but not as the sandbox (HTTP {response.status_code})")
+    return True
+
+
+def _unreachable_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@contextmanager
+def _settings(**values: Any) -> Iterator[None]:
+    saved = {name: getattr(settings, name) for name in values}
+    for name, value in values.items():
+        setattr(settings, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(settings, name, value)

@@ -1,0 +1,167 @@
+"""``seed_demo`` (SPEC §6): a realistic mix of invoice runs, every one made by the engine's own
+transitions against the simulated systems over real HTTP, never by writing rows. Seeding twice
+changes nothing (rule 1: the same event is the same run), and no side effect exists twice."""
+
+import socket
+from collections import Counter
+from datetime import timedelta
+from io import StringIO
+
+import httpx
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from recovery.management.commands.seed_demo import SCENARIOS, sandbox_server
+from recovery.models import (
+    AuditEvent,
+    DecisionState,
+    ModelDecision,
+    OutboxMessage,
+    OutboxState,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowRun,
+)
+from sandbox import faults
+from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])]
+
+MIX = {
+    RunState.COMPLETED: 5,
+    RunState.WAITING: 1,
+    RunState.NEEDS_REVIEW: 3,
+    RunState.FAILED: 1,
+    RunState.COMPENSATED: 1,
+    RunState.COMPENSATION_FAILED: 1,
+}
+
+
+def unreachable_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def seed(*args) -> str:
+    out, err = StringIO(), StringIO()
+    call_command("seed_demo", *args, stdout=out, stderr=err)
+    assert err.getvalue() == ""  # every scenario ended in the state its story says
+    return out.getvalue().strip()
+
+
+def run(workflow_id: str) -> WorkflowRun:
+    return WorkflowRun.objects.get(workflow_id=workflow_id)
+
+
+def step(workflow_id: str, name: str) -> StepExecution:
+    return StepExecution.objects.get(run__workflow_id=workflow_id, step_name=name)
+
+
+def sandbox_objects() -> dict:
+    return {
+        "counts": faults.counts(),
+        "tasks": sorted(Task.objects.values_list("pk", "status")),
+        "messages": sorted(Message.objects.values_list("pk", flat=True)),
+        "ledger": sorted(LedgerEntry.objects.values_list("pk", flat=True)),
+    }
+
+
+def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_adds_nothing(settings):
+    settings.DEBUG = True  # the demo users
+    settings.SANDBOX_URL = unreachable_url()  # nothing answers there: the seed serves the sandbox itself
+
+    line = seed()
+
+    assert line.startswith(f"seed_demo: {len(SCENARIOS)} demo invoice runs ({len(SCENARIOS)} new): ")
+    assert Counter(WorkflowRun.objects.values_list("state", flat=True)) == MIX
+    for state, count in MIX.items():
+        assert f"{state} {count}" in line
+    assert len({r.input["tenant"] for r in WorkflowRun.objects.all()}) >= 5
+
+    # Exactly one task per run that got that far, one message per delivered notification,
+    # one ledger entry per posted step: no side effect exists twice.
+    task_keys = sorted(Task.objects.values_list("idempotency_key", flat=True))
+    created = StepExecution.objects.filter(step_name="create_approval_task", attempts__gt=0).exclude(
+        last_error_kind="permanent", state=StepState.FAILED
+    )
+    assert task_keys == sorted(created.values_list("idempotency_key", flat=True))
+    sent = Message.objects.filter(kind=MessageKind.MESSAGE)
+    delivered = OutboxMessage.objects.filter(state=OutboxState.DELIVERED)
+    assert sorted(sent.values_list("client_ref", flat=True)) == sorted(
+        delivered.values_list("idempotency_key", flat=True)
+    )
+    posted = StepExecution.objects.filter(step_name="post_ledger_entry", remote_ref__startswith="le_")
+    assert sorted(LedgerEntry.objects.filter(kind="entry").values_list("reference", flat=True)) == sorted(
+        posted.values_list("run__workflow_id", flat=True)
+    )
+    assert faults.counts() == {
+        "tasks": 10,
+        "tasks_cancelled": 1,
+        "messages": 8,
+        "corrections": 2,
+        "ledger_entries": 7,
+        "ledger_reversals": 1,
+    }
+    assert not Fault.objects.exists()  # the seed's faults were all consumed and removed
+
+    # Each state is the one its story says, made by the engine.
+    unknown = step("invoice:acme:INV-1002", "create_approval_task")
+    assert unknown.state == StepState.UNKNOWN and not unknown.remote_ref
+    assert Task.objects.filter(idempotency_key=unknown.idempotency_key).count() == 1  # a reconcile will find it
+    assert run("invoice:acme:INV-1002").state == RunState.NEEDS_REVIEW
+    assert step("invoice:globex:GX-2024-118", "create_approval_task").last_error_kind == "permanent"
+    invalid = ModelDecision.objects.filter(run__workflow_id="invoice:initech:IN-5532", state=DecisionState.INVALID)
+    assert invalid.count() == 3 and all("bribes" in d.invalid_output for d in invalid)
+    waiting = run("invoice:wayne:WE-3302")
+    assert waiting.next_wake_at > timezone.now() + timedelta(minutes=9)
+    assert step("invoice:wayne:WE-3302", "post_ledger_entry").last_error_kind == "rate_limited"
+    assert step("invoice:umbrella:UMB-0043", "create_approval_task").state == StepState.COMPENSATION_FAILED
+    by_hand = AuditEvent.objects.exclude(actor="executor")
+    assert sorted(by_hand.values_list("actor", "action")) == [("supervisor", "compensate")] * 2
+    assert all(r.created_at <= timezone.now() and not r.lease_owner for r in WorkflowRun.objects.all())
+    assert StepExecution.objects.filter(state=StepState.RUNNING).count() == 0
+
+    for role in ("viewer", "operator", "supervisor"):
+        user = get_user_model().objects.get(username=role)
+        assert user.check_password(role) and user.groups.filter(name=role).exists()
+
+    before = sandbox_objects()
+    events = AuditEvent.objects.count()
+    line = seed()
+    assert f"({len(SCENARIOS)} new)" not in line and "(0 new)" in line
+    assert WorkflowRun.objects.count() == len(SCENARIOS)
+    assert AuditEvent.objects.count() == events
+    assert sandbox_objects() == before
+
+
+def test_seed_demo_uses_a_sandbox_that_answers_at_the_given_url(live_server):
+    with sandbox_server(live_server.url) as url:
+        assert url == live_server.url
+    assert httpx.get(f"{live_server.url}/sandbox/tasks/").status_code == 200
+
+
+def test_seed_demo_serves_the_sandbox_itself_while_it_runs_when_nothing_answers():
+    with sandbox_server(unreachable_url()) as url:
+        assert httpx.get(f"{url}/sandbox/tasks/").json() == {"results": []}
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/sandbox/tasks/")
+
+
+def test_seed_demo_refuses_a_sandbox_with_foreign_faults_armed_and_writes_nothing(settings):
+    settings.DEBUG = True
+    faults.set_fault("tasks", "create", "forbidden", times=3)
+    with pytest.raises(CommandError, match="1 armed fault"):
+        seed("--sandbox-url", unreachable_url())
+    assert not WorkflowRun.objects.exists() and not get_user_model().objects.exists()
+    assert Fault.objects.get().remaining == 3
+
+
+def test_seed_demo_without_debug_needs_a_supervisor_and_writes_nothing_without_one(settings):
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="supervisor"):
+        seed("--sandbox-url", unreachable_url())
+    assert not WorkflowRun.objects.exists() and not get_user_model().objects.exists()
