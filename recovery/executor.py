@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -187,12 +188,9 @@ def _reconcile(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
         _execute(lease, plan, spec, step)
         return True
     if spec.reconcile == Reconcile.LOOKUP and spec.lookup_fn is not None:
-        try:
-            found = spec.lookup_fn(plan.context(step))
-        except failpoints.FailpointRaised:
-            raise
-        except Exception as exc:  # classified at the adapter boundary; see errors.classify
-            transitions.step_defer_reconcile(lease=lease, step_name=step.step_name, error=classify(exc), spec=spec)
+        found, error = _invoke(spec.lookup_fn, plan.context(step))
+        if error is not None:
+            transitions.step_defer_reconcile(lease=lease, step_name=step.step_name, error=error, spec=spec)
             return False
         if found is None:
             transitions.step_reset(
@@ -279,17 +277,7 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
         )
         return
     transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
-    failpoints.hit(name, "before_call")
-    ctx = StepContext(**{**ctx.__dict__, "intent": intent})
-    error: StepError | None = None
-    raw: Any = None
-    try:
-        raw = spec.call(ctx)
-    except failpoints.FailpointRaised:
-        raise
-    except Exception as exc:
-        error = classify(exc)
-    failpoints.hit(name, "after_call")
+    raw, error = _invoke(spec.call, replace(ctx, intent=intent), point=name)
 
     decision: dict[str, Any] | None = None
     if error is None and spec.is_decision:
@@ -329,7 +317,6 @@ def _compensate_once(lease: Lease, plan: _Plan) -> bool:
         return False
     spec = plan.workflow.get_step(step.step_name)
     assert spec.compensation_fn is not None  # only compensable steps are ever marked
-    point = f"{step.step_name}.compensate"
     remote_ref = step.remote_ref
     if spec.outbox:
         remote_ref = _undeliver(lease, plan, spec, step)
@@ -346,15 +333,7 @@ def _compensate_once(lease: Lease, plan: _Plan) -> bool:
         intent={"remote_ref": remote_ref, "result": step.result, "intent": step.intent},
     )
     transitions.compensation_begin(lease=lease, step_name=step.step_name)
-    failpoints.hit(point, "before_call")
-    error: StepError | None = None
-    try:
-        raw = spec.compensation_fn(ctx)
-    except failpoints.FailpointRaised:
-        raise
-    except Exception as exc:
-        error = classify(exc)
-    failpoints.hit(point, "after_call")
+    raw, error = _invoke(spec.compensation_fn, ctx, point=f"{step.step_name}.compensate")
     if error is None:
         transitions.compensation_succeed(lease=lease, step_name=step.step_name, outcome=_as_outcome(raw))
         return True
@@ -374,12 +353,9 @@ def _undeliver(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
         transitions.run_wait(lease=lease, wake_at=message.claimed_until, reason=f"{step.step_name}: being delivered")
         return None
     if message.attempts:
-        try:
-            found = spec.lookup_fn(replace(plan.context(step), intent=message.payload))
-        except failpoints.FailpointRaised:
-            raise
-        except Exception as exc:
-            transitions.compensation_fail(lease=lease, step_name=step.step_name, error=classify(exc), spec=spec)
+        found, error = _invoke(spec.lookup_fn, replace(plan.context(step), intent=message.payload))
+        if error is not None:
+            transitions.compensation_fail(lease=lease, step_name=step.step_name, error=error, spec=spec)
             return None
         if found is not None:
             return _as_outcome(found).remote_ref
@@ -415,27 +391,16 @@ def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
     )
     try:
         if message.attempts > 1:
-            try:
-                found = spec.lookup_fn(ctx)
-            except failpoints.FailpointRaised:
-                raise
-            except Exception as exc:
-                transitions.outbox_failed_attempt(claim=claim, error=classify(exc), spec=spec)
+            found, error = _invoke(spec.lookup_fn, ctx)
+            if error is not None:
+                transitions.outbox_failed_attempt(claim=claim, error=error, spec=spec)
                 return _outbox_state(outbox_pk)
             if found is not None:
                 transitions.outbox_delivered(
                     claim=claim, outcome=_as_outcome(found), how="found by key after a lost answer"
                 )
                 return _outbox_state(outbox_pk)
-        failpoints.hit(message.step_name, "before_call")
-        error: StepError | None = None
-        try:
-            raw = spec.call(ctx)
-        except failpoints.FailpointRaised:
-            raise
-        except Exception as exc:
-            error = classify(exc)
-        failpoints.hit(message.step_name, "after_call")
+        raw, error = _invoke(spec.call, ctx, point=message.step_name)
         if error is None:
             transitions.outbox_delivered(claim=claim, outcome=_as_outcome(raw), how="delivered")
         else:
@@ -459,6 +424,24 @@ def due_outbox_ids(*, now: datetime | None = None, limit: int = 100) -> list[int
 def publish_due(*, owner: str | None = None, limit: int = 100) -> int:
     """Attempt every outbox row due now, once. Returns how many were attempted."""
     return sum(publish(pk, owner=owner) is not None for pk in due_outbox_ids(limit=limit))
+
+
+def _invoke(fn: Callable[[StepContext], Any], ctx: StepContext, *, point: str = "") -> tuple[Any, StepError | None]:
+    """Call workflow code (a step, a look-up, a compensation) with no database lock held.
+    Its exceptions come back classified (errors.classify); an armed failpoint's
+    FailpointRaised passes through, as a crash would. With ``point``, the before_call and
+    after_call failpoints of that name surround the call."""
+    if point:
+        failpoints.hit(point, "before_call")
+    try:
+        result, error = fn(ctx), None
+    except failpoints.FailpointRaised:
+        raise
+    except Exception as exc:
+        result, error = None, classify(exc)
+    if point:
+        failpoints.hit(point, "after_call")
+    return result, error
 
 
 def _validate_decision(spec: StepSpec, raw: Any) -> dict[str, Any]:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -202,6 +204,39 @@ def _locked_step(run: WorkflowRun, step_name: str) -> StepExecution:
     return StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
 
 
+@dataclass
+class _StepChange:
+    run: WorkflowRun
+    step: StepExecution
+    now: datetime
+    action: str
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def _leased_step(lease: Lease, step_name: str, action: str, now: datetime | None) -> Iterator[_StepChange]:
+    """One executor transition of one step: in one transaction, lock the run (fenced by the
+    lease) and then the step, let the body change them, and write the audit event with the
+    state before and after (plus ``change.extra``). An exception writes nothing."""
+    with transaction.atomic():
+        run = _locked_run(lease)
+        step = _locked_step(run, step_name)
+        before = _snap(run, step)
+        change = _StepChange(run=run, step=step, now=now or clock.now(), action=action)
+        yield change
+        _audit(
+            run,
+            change.action,
+            actor=None,
+            step_name=step_name,
+            reason=change.reason,
+            before=before,
+            after={**_snap(run, step), **change.extra},
+            now=change.now,
+        )
+
+
 def _save_run(run: WorkflowRun, fields: list[str], now: datetime, actor: AbstractBaseUser | None = None) -> None:
     run.updated_at = now
     _history_user(run, actor)
@@ -336,11 +371,8 @@ def step_begin(
 ) -> StepExecution:
     """Checkpoint the validated intent before the call (rule 5): after this commit a crash
     leaves evidence that the call may have been made."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
+    with _leased_step(lease, step_name, "step_begin", now) as change:
+        run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "begin", step.state, "step")
         step.intent = intent
         step.request_hash = request_hash
@@ -366,7 +398,6 @@ def step_begin(
         run.current_step = step_name
         _renew(run, now)
         _save_run(run, ["current_step", "lease_expires_at"], now)
-        _audit(run, "step_begin", actor=None, step_name=step_name, before=before, after=_snap(run, step), now=now)
         return step
 
 
@@ -385,11 +416,8 @@ def step_succeed(
     """Checkpoint the observed result as soon as the call returns. ``decision`` (a model
     step's validated proposal) is accepted in the same transaction; ``complete_run`` marks
     the run completed in it too when this was the last step."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
+    with _leased_step(lease, step_name, action, now) as change:
+        run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
         step.remote_ref = outcome.remote_ref
         step.result = outcome.result
@@ -417,9 +445,7 @@ def step_succeed(
             run.current_step = ""
             fields += RUN_LEASE_FIELDS + ["status_reason"]
         _save_run(run, fields, now)
-        _audit(
-            run, action, actor=None, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now
-        )
+        change.reason = reason
         return step
 
 
@@ -438,64 +464,55 @@ def step_fail(
     outputs — the bad output kept when the step allows). With ``auto_compensate`` (the
     workflow's policy), a permanent failure starts compensating the completed steps; a
     technical error never does."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
-        step.state = _check(STEP_TRANSITIONS, "fail", step.state, "step")
-        step.last_error_kind = error.kind
-        step.last_error = error.message[:4000]
-        step.next_attempt_at = None
-        step_fields = ["state", "last_error_kind", "last_error", "next_attempt_at"]
-        policy = spec.retry
-        delay: float | None = None
-        if error.kind == ErrorKind.INVALID_MODEL_OUTPUT:
-            step.format_failures += 1
-            step_fields.append("format_failures")
-            ModelDecision.objects.create(
-                run=run,
-                step_name=step_name,
-                version=0,
-                state=DecisionState.INVALID,
-                schema_version=spec.schema_version,
-                invalid_output=(error.raw_output or "")[:20000] if spec.keep_invalid_output else "",
-                validation_error=error.message[:4000],
-                created_at=now,
-            )
-            if step.format_failures < policy.maximum_format_failures:
-                delay = policy.backoff(step.format_failures)
-            outcome, why = RunState.NEEDS_REVIEW, f"model output invalid {step.format_failures} times"
-        elif error.kind == ErrorKind.PERMANENT or error.kind in policy.non_retryable_kinds:
-            outcome, why = RunState.FAILED, f"{step_name}: permanent error, not retried: {error.message}"
-        elif policy.retries(error.kind):
-            elapsed = (now - step.budget_started_at).total_seconds() if step.budget_started_at else 0.0
-            delay = policy.next_delay(step.attempts - step.budget_start_attempt, error, elapsed=elapsed)
-            outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: retry budget exhausted: {error.message}"
-        else:
-            outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: {error.kind} error needs review: {error.message}"
+    with transaction.atomic():  # the failure and an automatic compensation commit together
+        with _leased_step(lease, step_name, "step_fail", now) as change:
+            run, step, now = change.run, change.step, change.now
+            step.state = _check(STEP_TRANSITIONS, "fail", step.state, "step")
+            step.last_error_kind = error.kind
+            step.last_error = error.message[:4000]
+            step.next_attempt_at = None
+            step_fields = ["state", "last_error_kind", "last_error", "next_attempt_at"]
+            policy = spec.retry
+            delay: float | None = None
+            if error.kind == ErrorKind.INVALID_MODEL_OUTPUT:
+                step.format_failures += 1
+                step_fields.append("format_failures")
+                ModelDecision.objects.create(
+                    run=run,
+                    step_name=step_name,
+                    version=0,
+                    state=DecisionState.INVALID,
+                    schema_version=spec.schema_version,
+                    invalid_output=(error.raw_output or "")[:20000] if spec.keep_invalid_output else "",
+                    validation_error=error.message[:4000],
+                    created_at=now,
+                )
+                if step.format_failures < policy.maximum_format_failures:
+                    delay = policy.backoff(step.format_failures)
+                outcome, why = RunState.NEEDS_REVIEW, f"model output invalid {step.format_failures} times"
+            elif error.kind == ErrorKind.PERMANENT or error.kind in policy.non_retryable_kinds:
+                outcome, why = RunState.FAILED, f"{step_name}: permanent error, not retried: {error.message}"
+            elif policy.retries(error.kind):
+                elapsed = (now - step.budget_started_at).total_seconds() if step.budget_started_at else 0.0
+                delay = policy.next_delay(step.attempts - step.budget_start_attempt, error, elapsed=elapsed)
+                outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: retry budget exhausted: {error.message}"
+            else:
+                outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: {error.kind} error needs review: {error.message}"
 
-        fields = ["lease_expires_at", "current_step", "status_reason"]
-        if delay is not None:
-            step.next_attempt_at = now + timedelta(seconds=delay)
-            _check(RUN_TRANSITIONS, "wait", run.state, "run")
-            _release_into(run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: retry scheduled")
-        else:
-            _check(RUN_TRANSITIONS, "review" if outcome == RunState.NEEDS_REVIEW else "fail", run.state, "run")
-            _release_into(run, outcome, reason=why)
-        _save_step(step, step_fields, now)
-        run.current_step = step_name
-        _save_run(run, fields + RUN_LEASE_FIELDS, now)
-        _audit(
-            run,
-            "step_fail",
-            actor=None,
-            step_name=step_name,
-            reason=error.message[:1000],
-            before=before,
-            after=_snap(run, step),
-            now=now,
-        )
+            fields = ["lease_expires_at", "current_step", "status_reason"]
+            if delay is not None:
+                step.next_attempt_at = now + timedelta(seconds=delay)
+                _check(RUN_TRANSITIONS, "wait", run.state, "run")
+                _release_into(
+                    run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: retry scheduled"
+                )
+            else:
+                _check(RUN_TRANSITIONS, "review" if outcome == RunState.NEEDS_REVIEW else "fail", run.state, "run")
+                _release_into(run, outcome, reason=why)
+            _save_step(step, step_fields, now)
+            run.current_step = step_name
+            _save_run(run, fields + RUN_LEASE_FIELDS, now)
+            change.reason = error.message[:1000]
         if auto_compensate and outcome == RunState.FAILED and delay is None and _compensation_targets(run):
             _start_compensation(run, actor=None, reason=f"automatic: {step_name} failed permanently", now=now)
         return step
@@ -507,11 +524,8 @@ def step_mark_unknown(
     """The call may have happened and nobody can prove it either way (rule 7). Never
     relabelled as failed: it is reconciled next, or goes to an operator when the step has
     no automatic way to find out."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
+    with _leased_step(lease, step_name, "step_unknown", now) as change:
+        run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "mark_unknown", step.state, "step")
         step.last_error_kind = ErrorKind.UNKNOWN_OUTCOME
         step.last_error = error.message[:4000]
@@ -523,41 +537,20 @@ def step_mark_unknown(
         else:
             _renew(run, now)
             _save_run(run, ["lease_expires_at"], now)
-        _audit(
-            run,
-            "step_unknown",
-            actor=None,
-            step_name=step_name,
-            reason=error.message[:1000],
-            before=before,
-            after=_snap(run, step),
-            now=now,
-        )
+        change.reason = error.message[:1000]
         return step
 
 
 def step_reset(*, lease: Lease, step_name: str, reason: str, now: datetime | None = None) -> StepExecution:
     """A look-up proved the unknown call never took effect: the step may be performed."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
+    with _leased_step(lease, step_name, "reconcile", now) as change:
+        run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "reset", step.state, "step")
         step.next_attempt_at = None
         _save_step(step, ["state", "next_attempt_at"], now)
         _renew(run, now)
         _save_run(run, ["lease_expires_at"], now)
-        _audit(
-            run,
-            "reconcile",
-            actor=None,
-            step_name=step_name,
-            reason=reason,
-            before=before,
-            after=_snap(run, step),
-            now=now,
-        )
+        change.reason = reason
         return step
 
 
@@ -567,11 +560,8 @@ def step_defer_reconcile(
     """The look-up of an unknown outcome failed: the step stays unknown (never failed). A
     retryable failure schedules another look-up within the step's budget; anything else,
     or an exhausted budget, goes to review."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
+    with _leased_step(lease, step_name, "reconcile_deferred", now) as change:
+        run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "defer_reconcile", step.state, "step")
         step.reconcile_attempts += 1
         step.last_error = f"reconcile failed: {error.message}"[:4000]
@@ -588,16 +578,7 @@ def step_defer_reconcile(
             )
         _save_step(step, ["state", "reconcile_attempts", "last_error", "next_attempt_at"], now)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        _audit(
-            run,
-            "reconcile_deferred",
-            actor=None,
-            step_name=step_name,
-            reason=error.message[:1000],
-            before=before,
-            after=_snap(run, step),
-            now=now,
-        )
+        change.reason = error.message[:1000]
         return step
 
 
@@ -975,11 +956,8 @@ def run_compensate(
 def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = None) -> StepExecution:
     """Record that the compensation call is about to be made (it may be made again after a
     crash: compensations are idempotent under their own key)."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
+    with _leased_step(lease, step_name, "compensation_begin", now) as change:
+        run, step, now = change.run, change.step, change.now
         _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
         step.compensation_attempts += 1
         step.next_attempt_at = None
@@ -987,39 +965,20 @@ def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = N
         run.current_step = step_name
         _renew(run, now)
         _save_run(run, ["current_step", "lease_expires_at"], now)
-        _audit(
-            run,
-            "compensation_begin",
-            actor=None,
-            step_name=step_name,
-            before=before,
-            after={**_snap(run, step), "compensation_attempts": step.compensation_attempts},
-            now=now,
-        )
+        change.extra = {"compensation_attempts": step.compensation_attempts}
         return step
 
 
 def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now: datetime | None = None) -> None:
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
+    with _leased_step(lease, step_name, "compensation_succeed", now) as change:
+        run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "compensation_succeed", step.state, "step")
         step.compensation_ref = outcome.remote_ref
         step.compensation_result = outcome.result
         _save_step(step, ["state", "compensation_ref", "compensation_result"], now)
         _renew(run, now)
         _save_run(run, ["lease_expires_at"], now)
-        _audit(
-            run,
-            "compensation_succeed",
-            actor=None,
-            step_name=step_name,
-            before=before,
-            after={**_snap(run, step), "compensation_ref": outcome.remote_ref},
-            now=now,
-        )
+        change.extra = {"compensation_ref": outcome.remote_ref}
 
 
 def compensation_fail(
@@ -1028,11 +987,8 @@ def compensation_fail(
     """A compensation failed. Compensations are idempotent, so transient errors and unknown
     outcomes are retried within the step's budget; anything else, or an exhausted budget,
     stops in the visible ``compensation_failed`` state — never reported as rolled back."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
+    with _leased_step(lease, step_name, "compensation_fail", now) as change:
+        run, step, now = change.run, change.step, change.now
         step.last_error_kind = error.kind
         step.last_error = f"compensation: {error.message}"[:4000]
         retryable = error.kind == ErrorKind.UNKNOWN_OUTCOME or spec.retry.retries(error.kind)
@@ -1053,7 +1009,7 @@ def compensation_fail(
                 wake_at=step.next_attempt_at,
                 reason=f"{step_name}: compensation retry scheduled",
             )
-            action = "compensation_retry"
+            change.action = "compensation_retry"
         else:
             step.state = _check(STEP_TRANSITIONS, "compensation_fail", step.state, "step")
             step.next_attempt_at = None
@@ -1061,19 +1017,9 @@ def compensation_fail(
             _release_into(
                 run, RunState.COMPENSATION_FAILED, reason=f"{step_name}: compensation failed: {error.message}"
             )
-            action = "compensation_fail"
         _save_step(step, ["state", "last_error_kind", "last_error", "next_attempt_at"], now)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        _audit(
-            run,
-            action,
-            actor=None,
-            step_name=step_name,
-            reason=error.message[:1000],
-            before=before,
-            after=_snap(run, step),
-            now=now,
-        )
+        change.reason = error.message[:1000]
 
 
 def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunState:

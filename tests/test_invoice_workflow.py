@@ -12,7 +12,7 @@ from django.db import connections
 
 from recovery import failpoints, transitions
 from recovery.errors import ErrorKind
-from recovery.executor import advance
+from recovery.executor import advance, publish_due
 from recovery.models import (
     AuditEvent,
     DecisionState,
@@ -20,6 +20,7 @@ from recovery.models import (
     OutboxMessage,
     OutboxState,
     RunState,
+    StepExecution,
     StepState,
     WorkflowRun,
 )
@@ -61,14 +62,10 @@ def step(run, name):
 def assert_invariants():
     """No step `running` past its lease; no completed step without its remote reference."""
     assert lease_expired_running_steps() == []
-    for s in step_model().objects.filter(state=StepState.SUCCEEDED).exclude(step_name__in=["read_invoice", "classify"]):
+    for s in StepExecution.objects.filter(state=StepState.SUCCEEDED).exclude(
+        step_name__in=["read_invoice", "classify"]
+    ):
         assert s.remote_ref, f"{s} succeeded without a remote reference"
-
-
-def step_model():
-    from recovery.models import StepExecution
-
-    return StepExecution
 
 
 def test_an_invoice_runs_end_to_end_with_one_task_one_message_one_ledger_entry(clock):
@@ -273,7 +270,7 @@ def test_a_completed_run_is_compensated_on_request_with_a_reversing_entry(clock)
         transitions.run_resume(workflow_id=run.workflow_id, actor=supervisor, reason="again")
 
 
-def test_8_the_same_event_delivered_concurrently_makes_one_run_and_one_of_each(postgres_only, monkeypatch):
+def test_8_the_same_event_delivered_concurrently_makes_one_run_and_one_of_each(postgres_only, monkeypatch, clock):
     monkeypatch.setenv("RECOVERY_FAILPOINTS", "*:before_call=sleep(20)")
     barrier = threading.Barrier(12)
     errors = []
@@ -284,6 +281,7 @@ def test_8_the_same_event_delivered_concurrently_makes_one_run_and_one_of_each(p
             run, _ = run_start(workflow="invoice", data=dict(EVENT))
             for _ in range(6):
                 advance(run.pk, owner=f"consumer-{i}")
+                publish_due(owner=f"publisher-{i}")
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
@@ -296,8 +294,9 @@ def test_8_the_same_event_delivered_concurrently_makes_one_run_and_one_of_each(p
         t.join(60)
     assert not errors, errors
     assert WorkflowRun.objects.count() == 1
-    assert WorkflowRun.objects.get().state == RunState.COMPLETED
+    assert drive(WorkflowRun.objects.get(), clock).state == RunState.COMPLETED
     assert faults.counts() == ONE_OF_EACH
+    assert set(StepExecution.objects.values_list("attempts", flat=True)) == {1}
 
 
 def test_unavailable_until_the_budget_runs_out_goes_to_review_not_compensation(clock, automatic):
