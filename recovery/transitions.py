@@ -366,6 +366,26 @@ def run_claim(*, run_pk: int, owner: str | None = None, now: datetime | None = N
         return Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation)
 
 
+def _record_attempt(step: StepExecution, intent: dict[str, Any], request_hash: str, now: datetime) -> list[str]:
+    """Checkpoint an attempt's intent and count it; returns the fields it changed."""
+    step.intent = intent
+    step.request_hash = request_hash
+    step.attempts += 1
+    step.first_attempt_at = step.first_attempt_at or now
+    step.budget_started_at = step.budget_started_at or now
+    step.last_attempt_at = now
+    step.next_attempt_at = None
+    return [
+        "intent",
+        "request_hash",
+        "attempts",
+        "first_attempt_at",
+        "budget_started_at",
+        "last_attempt_at",
+        "next_attempt_at",
+    ]
+
+
 def step_begin(
     *, lease: Lease, step_name: str, intent: dict[str, Any], request_hash: str, now: datetime | None = None
 ) -> StepExecution:
@@ -374,27 +394,7 @@ def step_begin(
     with _leased_step(lease, step_name, "step_begin", now) as change:
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "begin", step.state, "step")
-        step.intent = intent
-        step.request_hash = request_hash
-        step.attempts += 1
-        step.first_attempt_at = step.first_attempt_at or now
-        step.budget_started_at = step.budget_started_at or now
-        step.last_attempt_at = now
-        step.next_attempt_at = None
-        _save_step(
-            step,
-            [
-                "state",
-                "intent",
-                "request_hash",
-                "attempts",
-                "first_attempt_at",
-                "budget_started_at",
-                "last_attempt_at",
-                "next_attempt_at",
-            ],
-            now,
-        )
+        _save_step(step, ["state", *_record_attempt(step, intent, request_hash, now)], now)
         run.current_step = step_name
         _renew(run, now)
         _save_run(run, ["current_step", "lease_expires_at"], now)
@@ -1071,27 +1071,9 @@ def step_enqueue(
             created_at=now,
             updated_at=now,
         )
-        step.intent = intent
-        step.request_hash = request_hash
-        step.attempts += 1
-        step.first_attempt_at = step.first_attempt_at or now
-        step.last_attempt_at = now
         step.remote_ref = f"outbox:{message.pk}"
         step.result = {"outbox_id": message.pk, "delivered": False}
-        _save_step(
-            step,
-            [
-                "state",
-                "intent",
-                "request_hash",
-                "attempts",
-                "first_attempt_at",
-                "last_attempt_at",
-                "remote_ref",
-                "result",
-            ],
-            now,
-        )
+        _save_step(step, ["state", "remote_ref", "result", *_record_attempt(step, intent, request_hash, now)], now)
         run.current_step = step_name
         _renew(run, now)
         _save_run(run, ["current_step", "lease_expires_at"], now)

@@ -1,20 +1,8 @@
 from django.contrib import admin
 
+from recovery.admin import ReadOnly  # the simulated systems change through HTTP and `manage.py sandbox`
+
 from .models import Fault, IdempotencyRecord, LedgerEntry, Message, Task
-
-
-class ReadOnly(admin.ModelAdmin):
-    """The simulated systems change through their HTTP endpoints and ``manage.py sandbox``;
-    the admin is for looking."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Task)

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -8,6 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from recovery import clock as engine_clock
+from recovery import failpoints
 from recovery.executor import advance, publish_due
 from recovery.models import RunState, WorkflowRun
 from tests.support import receivers
@@ -49,6 +52,17 @@ def _clean_receivers():
 def postgres_only():
     if connection.vendor != "postgresql":
         pytest.skip("needs real concurrency: runs on PostgreSQL (set DATABASE_URL=postgres://…)")
+
+
+def crash_at(monkeypatch, failpoint: str, call: Callable[[], Any]) -> None:
+    """Run ``call`` with ``failpoint`` (``STEP:POINT``) armed to raise, and expect it to stop
+    there as a crash would: the run keeps whatever was committed before that point."""
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", f"{failpoint}=raise")
+    try:
+        with pytest.raises(failpoints.FailpointRaised):
+            call()
+    finally:
+        monkeypatch.delenv("RECOVERY_FAILPOINTS")
 
 
 def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 60) -> WorkflowRun:

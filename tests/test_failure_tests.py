@@ -12,7 +12,7 @@ from recovery.errors import ErrorKind
 from recovery.executor import advance
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState, WorkflowRun
 from recovery.transitions import run_start
-from tests.conftest import assert_invariants, drive
+from tests.conftest import assert_invariants, crash_at, drive
 from tests.support import receivers
 from tests.support.workflows import FAST
 
@@ -43,11 +43,8 @@ def test_happy_path_completes_with_one_object_per_side_effect(clock):
 @pytest.mark.parametrize("name", ["create_task", "notify", "post_entry"])
 def test_crash_before_the_external_request_performs_the_action_exactly_once(clock, monkeypatch, name):
     """SPEC §4.1: the intent is checkpointed, the worker dies before calling."""
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", f"{name}:before_call=raise")
     run = start()
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(run.pk)
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, f"{name}:before_call", lambda: advance(run.pk))
     run.refresh_from_db()
     assert run.state == RunState.RUNNING and step(run, name).state == StepState.RUNNING
 
@@ -64,11 +61,8 @@ def test_crash_after_receiver_commit_reconciles_to_exactly_one_object(clock, mon
     """SPEC §4.2: the receiver committed, the worker died before saving the response. The
     resumed run looks the object up by key (or resends the same key) instead of creating a
     second one."""
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", f"{name}:after_call=raise")
     run = start()
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(run.pk)
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, f"{name}:after_call", lambda: advance(run.pk))
     before_resume = receivers.counts()
 
     run = drive(run, clock)
@@ -150,11 +144,8 @@ def test_transient_errors_until_the_budget_runs_out_go_to_review(clock):
 def test_restart_after_decision_saved_reuses_the_accepted_decision(clock, monkeypatch):
     """SPEC §4.5: the worker dies right after the decision is checkpointed; the re-run
     uses it and the model is not asked again (it would answer differently)."""
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", "decide:after_outcome=raise")
     run = start()
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(run.pk)
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, "decide:after_outcome", lambda: advance(run.pk))
     accepted = ModelDecision.objects.get(run=run, state=DecisionState.ACCEPTED)
     receivers.MODEL_SCRIPT.append('{"category": "travel", "amount": 999999, "approver": "mallory"}')
 
@@ -170,11 +161,8 @@ def test_restart_after_decision_saved_reuses_the_accepted_decision(clock, monkey
 
 
 def test_crash_between_intent_and_model_call_does_not_create_two_decisions(clock, monkeypatch):
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", "decide:after_call=raise")
     run = start()
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(run.pk)
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, "decide:after_call", lambda: advance(run.pk))
     run = drive(run, clock)
     assert run.state == RunState.COMPLETED
     assert ModelDecision.objects.filter(run=run, state=DecisionState.ACCEPTED).count() == 1
@@ -226,11 +214,8 @@ def test_worker_paused_past_its_lease_cannot_write_after_takeover(clock, monkeyp
 
 
 def test_no_step_stays_running_past_its_lease(clock, monkeypatch):
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", "notify:before_call=raise")
     run = start()
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(run.pk)
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, "notify:before_call", lambda: advance(run.pk))
     clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
     from recovery.executor import run_due
 

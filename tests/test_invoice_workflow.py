@@ -27,7 +27,7 @@ from recovery.models import (
 from recovery.transitions import run_start
 from recovery.workflow import CompensationPolicy
 from sandbox import faults
-from tests.conftest import drive, lease_expired_running_steps
+from tests.conftest import crash_at, drive, lease_expired_running_steps
 from tests.test_model_providers import stub  # noqa: F401  (the fixture)
 from workflows.invoice import workflow as invoice_module
 
@@ -82,11 +82,8 @@ def test_an_invoice_runs_end_to_end_with_one_task_one_message_one_ledger_entry(c
 
 
 def test_1_crash_before_the_request_creates_the_task_exactly_once(clock, monkeypatch):
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", "create_approval_task:before_call=raise")
     run = start()
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(run.pk)
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, "create_approval_task:before_call", lambda: advance(run.pk))
     assert faults.counts()["tasks"] == 0
     run = drive(run, clock)
     assert run.state == RunState.COMPLETED
@@ -177,11 +174,8 @@ def test_4_a_message_refused_for_good_stops_its_outbox_row_after_one_attempt_and
 
 
 def test_5_restart_after_the_decision_is_saved_reuses_it(clock, monkeypatch):
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", "classify:after_outcome=raise")
     run = start()
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(run.pk)
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, "classify:after_outcome", lambda: advance(run.pk))
 
     class DifferentModel:
         name = "different"

@@ -9,7 +9,7 @@ from recovery.errors import ErrorKind, InvalidTransition, LeaseLost
 from recovery.executor import advance
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState
 from recovery.transitions import run_start
-from tests.conftest import assert_invariants, drive
+from tests.conftest import assert_invariants, crash_at, drive
 from tests.support import receivers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -130,13 +130,9 @@ def test_unknown_outcome_without_automatic_path_goes_to_review_and_reconciles_on
 
 
 def test_superseding_a_decision_makes_a_new_version_with_its_reason(clock, operator, monkeypatch):
-    from recovery import failpoints
 
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", "create_task:before_intent=raise")
     run = start()
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(run.pk)
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, "create_task:before_intent", lambda: advance(run.pk))
     with pytest.raises(InvalidTransition, match="running"):  # a live executor holds it
         transitions.decision_supersede(workflow_id=run.workflow_id, step_name="decide", actor=operator, reason="x")
     clock.advance(60)
