@@ -362,7 +362,9 @@ def _undeliver(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
     transitions.compensation_succeed(
         lease=lease,
         step_name=step.step_name,
-        outcome=Outcome(remote_ref=f"outbox:{message.pk} cancelled", result={"cancelled_before_delivery": True}),
+        outcome=Outcome(
+            remote_ref=f"outbox:{message.pk} cancelled", result={"cancelled_before_delivery": True}, restored=True
+        ),
     )
     return ""
 

@@ -43,6 +43,7 @@ class WorkflowRun(models.Model):
     input = models.JSONField()
     input_hash = models.CharField(max_length=64)
     status_reason = models.TextField(blank=True)
+    incident = models.TextField(blank=True)  # marked by compensations that had to correct something visible
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_generation = models.BigIntegerField(default=0)
@@ -88,6 +89,7 @@ class StepExecution(models.Model):
     compensation_attempts = models.PositiveIntegerField(default=0)
     compensation_ref = models.CharField(max_length=255, blank=True)
     compensation_result = models.JSONField(null=True, blank=True)
+    compensation_restored = models.BooleanField(default=False)  # the previous state is truly back
     updated_at = models.DateTimeField()
     history = HistoricalRecords()
 

@@ -17,6 +17,7 @@ def run_document(workflow_id: str) -> dict[str, Any]:
         "state": run.state,
         "current_step": run.current_step,
         "status_reason": run.status_reason,
+        "incident": run.incident,
         "lease_owner": run.lease_owner,
         "lease_expires_at": run.lease_expires_at.isoformat() if run.lease_expires_at else None,
         "next_wake_at": run.next_wake_at.isoformat() if run.next_wake_at else None,
@@ -30,6 +31,7 @@ def run_document(workflow_id: str) -> dict[str, Any]:
                 "last_error_kind": s.last_error_kind,
                 "last_error": s.last_error,
                 "next_attempt_at": s.next_attempt_at.isoformat() if s.next_attempt_at else None,
+                "compensation_ref": s.compensation_ref,
             }
             for s in run.steps.order_by("position")
         ],

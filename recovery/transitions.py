@@ -975,10 +975,16 @@ def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now:
         step.state = _check(STEP_TRANSITIONS, "compensation_succeed", step.state, "step")
         step.compensation_ref = outcome.remote_ref
         step.compensation_result = outcome.result
-        _save_step(step, ["state", "compensation_ref", "compensation_result"], now)
+        step.compensation_restored = outcome.restored
+        _save_step(step, ["state", "compensation_ref", "compensation_result", "compensation_restored"], now)
         _renew(run, now)
-        _save_run(run, ["lease_expires_at"], now)
+        fields = ["lease_expires_at"]
         change.extra = {"compensation_ref": outcome.remote_ref}
+        if outcome.incident:
+            run.incident = "\n".join(filter(None, [run.incident, outcome.incident]))
+            fields.append("incident")
+            change.extra["incident"] = outcome.incident
+        _save_run(run, fields, now)
 
 
 def compensation_fail(
@@ -1036,7 +1042,11 @@ def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunSt
         states = dict(StepExecution.objects.filter(run=run).values_list("step_name", "state"))
         left = [name for name, state in states.items() if name in compensable and state == StepState.SUCCEEDED]
         if not left:
-            target, why = RunState.COMPENSATED, "every completed effect was compensated"
+            restored = not StepExecution.objects.filter(
+                run=run, state=StepState.COMPENSATED, compensation_restored=False
+            ).exists()
+            # "Rolled back" only where every undone effect truly restored the previous state.
+            target, why = RunState.COMPENSATED, "rolled back" if restored else "every completed effect was compensated"
         elif all(state in (*DONE_STEP_STATES, StepState.COMPENSATED) for state in states.values()):
             target, why = RunState.COMPLETED, f"compensated some steps; {', '.join(left)} stand"
         else:

@@ -71,6 +71,8 @@ class Outcome:
 
     remote_ref: str = ""
     result: dict[str, Any] | None = None
+    incident: str = ""  # a compensation's note that the run is now an incident (e.g. a correction was sent)
+    restored: bool = False  # a compensation that truly restored the previous state
 
 
 @dataclass(frozen=True)

@@ -157,3 +157,17 @@ def test_single_step_compensation_respects_reverse_order_and_keeps_the_rest(cloc
     assert "post_entry" not in run.status_reason and "create_task, notify stand" in run.status_reason
     assert states(run)["post_entry"] == StepState.COMPENSATED
     assert receivers.compensations() == {"task_cancel": 0, "correction": 0, "reversal": 1}
+
+
+def test_rolled_back_only_when_every_compensation_truly_restored_the_previous_state(clock, automatic, monkeypatch):
+    from recovery.workflow import Outcome
+
+    receivers.arm("ledger", "forbidden")
+    run = drive(start(), clock)
+    assert run.state == RunState.COMPENSATED and run.status_reason == "every completed effect was compensated"
+
+    for spec in (workflows.create_task, workflows.notify):
+        monkeypatch.setattr(spec, "compensation_fn", lambda ctx: Outcome(remote_ref="undone", restored=True))
+    receivers.arm("ledger", "forbidden")
+    other = drive(run_start(workflow="test_orders", data={**EVENT, "order_id": "o-78"})[0], clock)
+    assert other.state == RunState.COMPENSATED and other.status_reason == "rolled back"

@@ -215,6 +215,8 @@ def test_6_a_late_failure_after_two_effects_compensates_in_reverse_order(clock, 
     }
     assert step(run, "create_approval_task").state == StepState.COMPENSATED
     assert step(run, "post_ledger_entry").state == StepState.FAILED
+    assert "correction" in run.incident  # the correction marks the incident
+    assert run.status_reason != "rolled back"  # a cancelled task and a correction restore nothing
     assert_invariants()
 
 

@@ -3,6 +3,7 @@ post ledger entry, with its recovery contract (SPEC §3)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -130,11 +131,13 @@ def _(ctx):
 @notify_approver.compensate(who="operator")
 def send_correction(ctx):
     """Send a correction to the approver and mark the incident."""
-    return adapters.send_correction(
+    sent = adapters.send_correction(
         message_id=ctx.intent["remote_ref"],
         client_ref=ctx.idempotency_key,
         text=f"Correction: disregard the approval request for invoice {ctx.input['invoice_id']}.",
     )
+    incident = f"approver notified in error ({ctx.intent['remote_ref']}); correction {sent.remote_ref} sent"
+    return replace(sent, incident=incident)
 
 
 @invoice.step(
