@@ -14,7 +14,11 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A file, not :memory:, so that a subprocess (the crash tests) sees the same database.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-recovery.sqlite3")}
+    # Per process, so that two test runs on one machine never share a file.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-recovery-{os.getpid()}.sqlite3")}
 if DATABASES["sandbox"]["ENGINE"] == "django.db.backends.sqlite3":
-    DATABASES["sandbox"]["TEST"] = {"NAME": str(VAR_DIR / "test-sandbox.sqlite3")}
+    DATABASES["sandbox"]["TEST"] = {"NAME": str(VAR_DIR / f"test-sandbox-{os.getpid()}.sqlite3")}
+for config in DATABASES.values():
+    if config["ENGINE"] == "django.db.backends.postgresql":
+        config["TEST"] = {"NAME": f"test_{config['NAME']}_{os.getpid()}"}
 RECOVERY_HTTP_TIMEOUT = 1.0

@@ -1,10 +1,12 @@
 from django.contrib import admin
-from django.shortcuts import redirect
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 urlpatterns = [
-    path("", lambda request: redirect("admin:index")),
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("sandbox/", include("sandbox.urls")),
     path("api/", include("recovery.urls")),
+    path("", include("recovery.console_urls")),
 ]

@@ -77,6 +77,10 @@ class InvalidTransition(EngineError):
     """The requested transition is not allowed from the current state."""
 
 
+class RunChanged(InvalidTransition):
+    """An operator acted on a stale page: the run changed since it was loaded."""
+
+
 class LeaseLost(EngineError):
     """Another executor owns the run now: the fenced write matched no row."""
 

@@ -204,7 +204,7 @@ def _reconcile(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
             step_name=step.step_name,
             outcome=_as_outcome(found),
             complete_run=plan.is_last(step),
-            action="reconcile",
+            action="reconciled",
             reason="look-up by idempotency key found the remote object",
         )
         return True

@@ -62,6 +62,11 @@ class WorkflowRun(models.Model):
     def __str__(self) -> str:
         return self.workflow_id
 
+    @property
+    def business_key(self) -> str:
+        """The business event's own key: the workflow id without the workflow's name."""
+        return self.workflow_id.split(":", 1)[1] if ":" in self.workflow_id else self.workflow_id
+
 
 class StepExecution(models.Model):
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
@@ -154,7 +159,16 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["run", "at", "id"]
-        indexes = [models.Index(fields=["at"], name="audit_at_idx")]
+        indexes = [
+            models.Index(fields=["at", "id"], name="audit_at_id_idx"),  # the export's keyset
+            models.Index(fields=["run", "at", "id"], name="audit_run_at_idx"),  # one run's history
+        ]
+
+    def changes(self) -> list[str]:
+        """The before → after difference, one "key: old → new" per changed key."""
+        before, after = self.before or {}, self.after or {}
+        keys = [k for k in {**before, **after} if before.get(k) != after.get(k)]
+        return [f"{k}: {before.get(k, '—')} → {after.get(k, '—')}" for k in keys]
 
     def save(self, *args, **kwargs):
         if self.pk is not None:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
-from .models import WorkflowRun
+from django.db.models import Exists, OuterRef, Q
+
+from .errors import ErrorKind
+from .models import DecisionState, RunState, StepExecution, StepState, WorkflowRun
 
 
 def run_document(workflow_id: str) -> dict[str, Any]:
@@ -47,4 +53,248 @@ def run_document(workflow_id: str) -> dict[str, Any]:
             }
             for e in run.audit_events.order_by("at", "id")
         ],
+    }
+
+
+# --- the console ------------------------------------------------------------------------
+
+PAGE_SIZE = 50
+COUNT_CAP = 10_000  # counts above this read "10,000+": no full COUNT(*) over a big table per request
+
+AGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
+
+
+def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
+    steps = StepExecution.objects.filter(run=OuterRef("pk"))
+    return {
+        "needs_review": ("Needs review", Q(state=RunState.NEEDS_REVIEW)),
+        "unknown": ("Unknown outcome", Q(Exists(steps.filter(state=StepState.UNKNOWN)))),
+        "lease_expired": ("Lease expired", Q(state=RunState.RUNNING, lease_expires_at__lt=now)),
+        "exhausted": (
+            "Retries exhausted",
+            Q(state=RunState.NEEDS_REVIEW)
+            & Q(
+                Exists(
+                    steps.filter(
+                        state=StepState.FAILED, last_error_kind__in=[ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED]
+                    )
+                )
+            ),
+        ),
+        "compensation_failed": ("Compensation failed", Q(state=RunState.COMPENSATION_FAILED)),
+        "model_output": (
+            "Paused for model output",
+            Q(state=RunState.NEEDS_REVIEW)
+            & Q(Exists(steps.filter(state=StepState.FAILED, last_error_kind=ErrorKind.INVALID_MODEL_OUTPUT))),
+        ),
+    }
+
+
+STUCK_LABELS = {key: label for key, (label, _) in _stuck_causes(datetime.now(UTC)).items()}
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    """The runs list's filters, as the URL carries them (a shared link shows the same list)."""
+
+    state: str = ""
+    workflow: str = ""
+    stuck: str = ""  # a cause from STUCK_LABELS, or "any"
+    q: str = ""  # a workflow id (or its beginning), an idempotency key or a remote reference
+    key: str = ""  # business key: the beginning of the workflow id, e.g. "invoice:tenant-42"
+    age: str = ""  # created more than this long ago (AGES)
+    after: int | None = None  # keyset cursor: the last run id of the previous page
+
+    @classmethod
+    def from_params(cls, params) -> RunFilters:
+        def text(name: str, limit: int = 255) -> str:
+            return (params.get(name) or "").strip()[:limit]
+
+        state = text("state")
+        stuck = text("stuck")
+        age = text("age")
+        after = text("after")
+        return cls(
+            state=state if state in RunState.values else "",
+            workflow=text("workflow", 100),
+            stuck=stuck if stuck in STUCK_LABELS or stuck == "any" else "",
+            q=text("q"),
+            key=text("key"),
+            age=age if age in AGES else "",
+            after=int(after) if after.isdigit() else None,
+        )
+
+    def query(self, **changes: Any) -> str:
+        """This filter set as a query string, with ``changes`` applied (the cursor is reset
+        unless given)."""
+        values = {**asdict(self), "after": None, **changes}
+        return urlencode({k: v for k, v in values.items() if v not in ("", None)})
+
+    def query_items(self) -> list[tuple[str, str]]:
+        """The filters (without the cursor) as form fields, so a POST keeps them."""
+        return [(k, str(v)) for k, v in asdict(self).items() if v not in ("", None) and k != "after"]
+
+    def queryset(self, now: datetime):
+        qs = WorkflowRun.objects.all()
+        if self.state:
+            qs = qs.filter(state=self.state)
+        if self.workflow:
+            qs = qs.filter(workflow_name=self.workflow)
+        if self.key:
+            qs = qs.filter(workflow_id__startswith=self.key)
+        if self.age:
+            qs = qs.filter(created_at__lte=now - AGES[self.age])
+        if self.stuck:
+            causes = _stuck_causes(now)
+            if self.stuck == "any":
+                cond = Q()
+                for _, q in causes.values():
+                    cond |= q
+                qs = qs.filter(cond)
+            else:
+                qs = qs.filter(causes[self.stuck][1])
+        if self.q:
+            by_step = StepExecution.objects.filter(run=OuterRef("pk")).filter(
+                Q(idempotency_key=self.q) | Q(remote_ref=self.q)
+            )
+            qs = qs.filter(Q(workflow_id=self.q) | Q(workflow_id__startswith=self.q) | Q(Exists(by_step)))
+        return qs
+
+
+def runs_page(filters: RunFilters, *, now: datetime) -> tuple[list[WorkflowRun], int | None]:
+    """One page of runs, newest first, by keyset (``id < after``): as fast on page 500 as on
+    page 1. Returns the runs and the cursor of the next page (None on the last page)."""
+    qs = filters.queryset(now)
+    if filters.after is not None:
+        qs = qs.filter(pk__lt=filters.after)
+    rows = list(
+        qs.order_by("-pk").only(
+            "pk",
+            "workflow_id",
+            "workflow_name",
+            "state",
+            "current_step",
+            "status_reason",
+            "created_at",
+            "updated_at",
+            "lease_expires_at",
+            "next_wake_at",
+        )[: PAGE_SIZE + 1]
+    )
+    return rows[:PAGE_SIZE], (rows[PAGE_SIZE - 1].pk if len(rows) > PAGE_SIZE else None)
+
+
+def capped_count(qs) -> tuple[int, bool]:
+    """How many rows, counting no further than COUNT_CAP."""
+    n = qs[: COUNT_CAP + 1].count()
+    return min(n, COUNT_CAP), n > COUNT_CAP
+
+
+def state_counts() -> list[dict[str, Any]]:
+    out = []
+    for state in RunState:
+        n, capped = capped_count(WorkflowRun.objects.filter(state=state))
+        out.append({"state": state.value, "label": state.label, "count": n, "capped": capped})
+    return out
+
+
+def stuck_counts(*, now: datetime) -> list[dict[str, Any]]:
+    out = []
+    for key, (label, cond) in _stuck_causes(now).items():
+        n, capped = capped_count(WorkflowRun.objects.filter(cond))
+        out.append({"cause": key, "label": label, "count": n, "capped": capped})
+    return out
+
+
+def workflow_names() -> list[str]:
+    from .workflow import all_workflows
+
+    return [wf.name for wf in all_workflows()]
+
+
+# --- one run ---------------------------------------------------------------------------
+
+AUDIT_SHOWN = 200
+TIMELINE_ACTIONS = {
+    "step_begin": "begin",
+    "step_enqueue": "ok",
+    "step_succeed": "ok",
+    "decision_reused": "ok",
+    "reconciled": "ok",
+    "reconciled_absent": "begin",
+    "outbox_delivered": "ok",
+    "step_fail": "fail",
+    "outbox_retry": "fail",
+    "outbox_fail": "fail",
+    "step_unknown": "unknown",
+    "reconcile_deferred": "unknown",
+    "compensation_begin": "compensate",
+    "compensation_succeed": "compensate",
+    "compensation_retry": "fail",
+    "compensation_fail": "fail",
+}
+
+
+def run_detail(workflow_id: str) -> dict[str, Any]:
+    """Everything the run page shows, in a constant number of queries."""
+    from .workflow import get_workflow
+
+    run = WorkflowRun.objects.get(workflow_id=workflow_id)
+    steps = list(run.steps.order_by("position"))
+    try:
+        workflow = get_workflow(run.workflow_name)
+        contract = workflow.contract()
+    except LookupError:
+        workflow, contract = None, []
+    audit = list(run.audit_events.order_by("-at", "-id")[: AUDIT_SHOWN + 1])
+    decisions = list(run.decisions.order_by("step_name", "created_at"))
+    outbox = list(run.outbox.order_by("pk"))
+    return {
+        "run": run,
+        "steps": steps,
+        "workflow": workflow,
+        "contract": contract,
+        "audit": audit[:AUDIT_SHOWN],
+        "audit_truncated": len(audit) > AUDIT_SHOWN,
+        "decisions": decisions,
+        "accepted": [d for d in decisions if d.state == DecisionState.ACCEPTED],
+        "superseded": [d for d in decisions if d.state == DecisionState.SUPERSEDED],
+        "invalid": [d for d in decisions if d.state == DecisionState.INVALID],
+        "outbox": outbox,
+        "timeline": timeline(run, steps),
+    }
+
+
+def timeline(run: WorkflowRun, steps: list[StepExecution]) -> dict[str, Any]:
+    """The attempts of each step over time, as positions for a small SVG (no JavaScript)."""
+    events = list(
+        run.audit_events.filter(action__in=TIMELINE_ACTIONS).order_by("at", "id").values("at", "action", "step_name")
+    )
+    lanes = {s.step_name: i for i, s in enumerate(steps)}
+    width, lane_height, left = 640, 22, 170
+    start = run.created_at
+    end = max([e["at"] for e in events] + [start])
+    span = max((end - start).total_seconds(), 1.0)
+    marks = []
+    for e in events:
+        if e["step_name"] not in lanes:
+            continue
+        x = left + 8 + (width - left - 16) * ((e["at"] - start).total_seconds() / span)
+        marks.append(
+            {
+                "x": round(x, 1),
+                "y": lanes[e["step_name"]] * lane_height + lane_height // 2 + 4,
+                "kind": TIMELINE_ACTIONS[e["action"]],
+                "title": f"{e['at']:%Y-%m-%d %H:%M:%S} {e['step_name']}: {e['action']}",
+            }
+        )
+    return {
+        "width": width,
+        "height": len(steps) * lane_height + 24,
+        "left": left,
+        "lanes": [{"name": s.step_name, "y": i * lane_height + lane_height // 2 + 8} for i, s in enumerate(steps)],
+        "marks": marks,
+        "start": start,
+        "end": end,
+        "axis_y": len(steps) * lane_height + 16,
     }

@@ -31,6 +31,7 @@ from .errors import (
     ErrorKind,
     InvalidTransition,
     LeaseLost,
+    RunChanged,
     StartConflict,
     StepError,
     TransientError,
@@ -543,7 +544,7 @@ def step_mark_unknown(
 
 def step_reset(*, lease: Lease, step_name: str, reason: str, now: datetime | None = None) -> StepExecution:
     """A look-up proved the unknown call never took effect: the step may be performed."""
-    with _leased_step(lease, step_name, "reconcile", now) as change:
+    with _leased_step(lease, step_name, "reconciled_absent", now) as change:
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "reset", step.state, "step")
         step.next_attempt_at = None
@@ -636,10 +637,18 @@ def run_review(*, lease: Lease, reason: str, step_name: str = "", now: datetime 
 # --- operator transitions --------------------------------------------------------------
 
 
-def _locked_run_by_id(workflow_id: str) -> WorkflowRun:
+def run_version(run: WorkflowRun) -> str:
+    """An opaque token that changes with every change of the run: a form carries it back so
+    that of two operators acting on one page, only the first one's action applies."""
+    return f"{run.updated_at.isoformat()}|{run.state}|{run.lease_generation}"
+
+
+def _locked_run_by_id(workflow_id: str, expect: str | None = None) -> WorkflowRun:
     run = WorkflowRun.objects.select_for_update().filter(workflow_id=workflow_id).first()
     if run is None:
         raise WorkflowRun.DoesNotExist(f"no run {workflow_id!r}")
+    if expect is not None and expect != run_version(run):
+        raise RunChanged(f"run {workflow_id} changed since you loaded it (it is now {run.state}); reload")
     return run
 
 
@@ -655,14 +664,19 @@ def _live_lease(run: WorkflowRun, now: datetime) -> bool:
 
 
 def run_resume(
-    *, workflow_id: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+    *,
+    workflow_id: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
 ) -> WorkflowRun:
     """Resume from the last checkpoint: the run becomes due now; every succeeded step is kept
     and a blocked step gets a fresh retry budget. A finished run refuses (rule 12)."""
     reason = _require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
-        run = _locked_run_by_id(workflow_id)
+        run = _locked_run_by_id(workflow_id, expect)
         if run.state in TERMINAL_RUN_STATES:
             raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be resumed")
         before = _snap(run)
@@ -719,7 +733,13 @@ def _restart_budget(step: StepExecution, now: datetime, actor: AbstractBaseUser 
 
 
 def step_retry(
-    *, workflow_id: str, step_name: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
 ) -> WorkflowRun:
     """Retry one failed step now, with a fresh budget. The same idempotency key is sent
     again: an operator's retry never bypasses idempotency. An unknown step is not retried
@@ -731,12 +751,19 @@ def step_retry(
         step_name=step_name,
         actor=actor,
         reason=reason,
+        expect=expect,
         now=now,
     )
 
 
 def step_reconcile(
-    *, workflow_id: str, step_name: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
 ) -> WorkflowRun:
     """Reconcile an unknown step with the remote system now (look up by key, or resend the
     same key to a receiver that keeps its first result), with a fresh look-up budget."""
@@ -747,6 +774,7 @@ def step_reconcile(
         step_name=step_name,
         actor=actor,
         reason=reason,
+        expect=expect,
         now=now,
     )
 
@@ -759,12 +787,13 @@ def _operator_step_action(
     step_name: str,
     actor: AbstractBaseUser | None,
     reason: str,
+    expect: str | None = None,
     now: datetime | None,
 ) -> WorkflowRun:
     reason = _require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
-        run = _locked_run_by_id(workflow_id)
+        run = _locked_run_by_id(workflow_id, expect)
         if run.state in TERMINAL_RUN_STATES:
             raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be changed this way")
         if _live_lease(run, now):
@@ -787,15 +816,72 @@ def _operator_step_action(
         return run
 
 
+def step_resolve(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    happened: bool,
+    remote_ref: str = "",
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """An operator settles an unknown outcome with evidence from the other system: "it
+    succeeded, remote id X" records the step as succeeded with that reference; "it did not
+    happen" makes it due again, with the same key. The run becomes due."""
+    reason = _require_reason(reason)
+    remote_ref = (remote_ref or "").strip()
+    if happened and not remote_ref:
+        raise InvalidTransition("give the remote id that shows it succeeded")
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        if run.state in TERMINAL_RUN_STATES or _live_lease(run, now):
+            raise InvalidTransition(f"run {workflow_id} is {run.state}; it cannot be changed now")
+        step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
+        if step is None or step.state != StepState.UNKNOWN:
+            raise InvalidTransition(f"step {step_name} is not waiting for reconciliation")
+        before = _snap(run, step)
+        _fresh_budget(step)
+        if happened:
+            step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+            step.remote_ref = remote_ref
+            step.result = {"remote_ref": remote_ref, "resolved_by": _actor_fields(actor)["actor"]}
+        else:
+            step.state = _check(STEP_TRANSITIONS, "reset", step.state, "step")
+        _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
+        _release_into(run, RunState.PENDING, reason=f"{step_name}: resolved by an operator")
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        evidence = {"happened": happened, **({"remote_ref": remote_ref} if happened else {})}
+        _audit(
+            run,
+            "resolve",
+            actor=actor,
+            step_name=step_name,
+            reason=reason,
+            before=before,
+            after={**_snap(run, step), "evidence": evidence},
+            now=now,
+        )
+        _enqueue_on_commit(run.pk)
+        return run
+
+
 def run_terminate(
-    *, workflow_id: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+    *,
+    workflow_id: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
 ) -> WorkflowRun:
     """Stop the run for good. Effects already made stay made (compensate them explicitly);
     a live executor's next fenced write fails, so it cannot continue."""
     reason = _require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
-        run = _locked_run_by_id(workflow_id)
+        run = _locked_run_by_id(workflow_id, expect)
         before = _snap(run)
         _check(RUN_TRANSITIONS, "terminate", run.state, "run")
         _release_into(run, RunState.TERMINATED, reason=reason)
@@ -806,7 +892,13 @@ def run_terminate(
 
 
 def decision_supersede(
-    *, workflow_id: str, step_name: str, actor: AbstractBaseUser | None, reason: str, now: datetime | None = None
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
 ) -> WorkflowRun:
     """Set aside the accepted model decision so that the step decides again, as a new
     version (rule 4: a new decision needs a recorded reason). Only before any later step
@@ -814,7 +906,7 @@ def decision_supersede(
     reason = _require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
-        run = _locked_run_by_id(workflow_id)
+        run = _locked_run_by_id(workflow_id, expect)
         if run.state in TERMINAL_RUN_STATES or _live_lease(run, now):
             raise InvalidTransition(
                 f"run {workflow_id} is {run.state}; a decision can only be replaced on a stopped run"
@@ -938,6 +1030,7 @@ def run_compensate(
     actor: AbstractBaseUser | None,
     reason: str,
     step_name: str | None = None,
+    expect: str | None = None,
     now: datetime | None = None,
 ) -> WorkflowRun:
     """Undo completed effects with their business compensations, in reverse order: one step,
@@ -946,7 +1039,7 @@ def run_compensate(
     reason = _require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
-        run = _locked_run_by_id(workflow_id)
+        run = _locked_run_by_id(workflow_id, expect)
         if _live_lease(run, now):
             raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
         _start_compensation(run, actor=actor, reason=reason, now=now, step_name=step_name)

@@ -106,7 +106,7 @@ def test_2_receiver_commits_then_the_response_is_lost_reconciles_to_exactly_one_
     s = step(run, name)
     assert s.attempts == 1  # reconciled by look-up, not re-sent
     assert AuditEvent.objects.filter(run=run, step_name=name, action="step_unknown").count() == 1
-    assert AuditEvent.objects.filter(run=run, step_name=name, action="reconcile").count() == 1
+    assert AuditEvent.objects.filter(run=run, step_name=name, action="reconciled").count() == 1
     assert not AuditEvent.objects.filter(run=run, step_name=name, action="step_fail").exists()
     assert_invariants()
 

@@ -1,0 +1,17 @@
+"""The operator console, mounted at the site root by config/urls.py (namespace ``console``)."""
+
+from django.urls import path
+
+from . import export_views, views
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.runs_list, name="runs"),
+    path("runs/<path:workflow_id>/act", views.run_action, name="run-action"),
+    path("runs/<path:workflow_id>", views.run_detail, name="run"),
+    path("bulk", views.bulk_action, name="bulk"),
+    path("dashboard", views.dashboard, name="dashboard"),
+    path("demo", views.demo, name="demo"),
+    path("audit/export", export_views.export_audit, name="audit-export"),
+]

@@ -1,0 +1,281 @@
+"""What the console's views call: operator actions mapped onto the transition functions (the
+same ones the executor and `manage.py recover` use), bulk actions, and the read models of
+the dashboard and the demo page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Count
+from django.db.models.functions import TruncHour
+
+from . import clock, selectors, transitions
+from .errors import InvalidTransition
+from .models import AuditEvent, RunState, StepState, WorkflowRun
+from .permissions import can
+
+# console action -> the permission it needs (recovery.permissions.REQUIRED_ROLE)
+PERMISSION_OF = {
+    "resume": "resume",
+    "retry": "retry",
+    "reconcile": "reconcile",
+    "resolve_happened": "reconcile",
+    "resolve_absent": "reconcile",
+    "compensate": "compensate",
+    "terminate": "terminate",
+}
+
+
+def apply_action(
+    *,
+    action: str,
+    workflow_id: str,
+    step: str | None,
+    reason: str,
+    expect: str | None,
+    remote_ref: str,
+    actor: AbstractBaseUser,
+) -> str:
+    """Apply one operator action; returns the message to show. Raises InvalidTransition
+    (RunChanged when the page was stale) and WorkflowRun.DoesNotExist."""
+    common = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect}
+    if action in ("retry", "reconcile", "resolve_happened", "resolve_absent") and not step:
+        raise InvalidTransition(f"{action} needs a step")
+    if action == "resume":
+        run = transitions.run_resume(**common)
+    elif action == "terminate":
+        run = transitions.run_terminate(**common)
+    elif action == "compensate":
+        run = transitions.run_compensate(**common, step_name=step)
+    elif action == "retry":
+        run = transitions.step_retry(**common, step_name=step)
+    elif action == "reconcile":
+        run = transitions.step_reconcile(**common, step_name=step)
+    elif action in ("resolve_happened", "resolve_absent"):
+        run = transitions.step_resolve(
+            **common, step_name=step, happened=action == "resolve_happened", remote_ref=remote_ref
+        )
+    else:
+        raise InvalidTransition(f"unknown action {action!r}")
+    target = f" ({step})" if step else ""
+    return f"{action.replace('_', ' ')}{target} recorded; the run is now {run.state}"
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    label: str
+    step: str = ""
+    confirm: str = ""  # compensate and terminate ask before they act
+    evidence: bool = False  # "it succeeded, remote id X"
+
+
+def available_actions(detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime) -> list[Action]:
+    """The actions valid in the run's current state AND allowed for this user. The server
+    checks both again when the form comes back."""
+    run: WorkflowRun = detail["run"]
+    steps = detail["steps"]
+    live = bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
+    if run.state in transitions.TERMINAL_RUN_STATES and run.state != RunState.COMPLETED:
+        return []
+    if live:
+        return []
+    actions: list[Action] = []
+    if run.state in transitions.RUN_TRANSITIONS["resume"][0] and can(user, "resume"):
+        actions.append(Action("resume", "Resume from checkpoint"))
+    for step in steps:
+        if step.state == StepState.UNKNOWN and can(user, "reconcile"):
+            actions.append(Action("reconcile", f"Reconcile {step.step_name} by key", step.step_name))
+            actions.append(Action("resolve_happened", f"{step.step_name}: it succeeded", step.step_name, evidence=True))
+            actions.append(Action("resolve_absent", f"{step.step_name}: it did not happen", step.step_name))
+        if step.state == StepState.FAILED and run.state not in transitions.TERMINAL_RUN_STATES and can(user, "retry"):
+            actions.append(Action("retry", f"Retry {step.step_name}", step.step_name))
+    workflow = detail["workflow"]
+    if workflow is not None and can(user, "compensate") and run.state in transitions.RUN_TRANSITIONS["compensate"][0]:
+        compensable = [s for s in steps if workflow.get_step(s.step_name).compensation_fn is not None]
+        undoable = [s for s in compensable if s.state in (StepState.SUCCEEDED, StepState.COMPENSATION_FAILED)]
+        if undoable and not any(s.state == StepState.UNKNOWN for s in steps):
+            actions.append(
+                Action("compensate", "Compensate the whole run", confirm="Undo every completed effect of this run?")
+            )
+            latest = max(undoable, key=lambda s: s.position)
+            actions.append(
+                Action(
+                    "compensate",
+                    f"Compensate {latest.step_name}",
+                    latest.step_name,
+                    confirm=f"Undo {latest.step_name}: {workflow.get_step(latest.step_name).compensation.description}",
+                )
+            )
+    if run.state in transitions.RUN_TRANSITIONS["terminate"][0] and can(user, "terminate"):
+        actions.append(Action("terminate", "Terminate", confirm="Stop this run for good? Effects made stay made."))
+    return actions
+
+
+# --- bulk ------------------------------------------------------------------------------
+
+BULK_ACTIONS = ("resume", "retry", "terminate")
+BULK_LIMIT = 500
+
+
+@dataclass
+class BulkResult:
+    action: str
+    done: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+
+
+def bulk_apply(
+    *,
+    action: str,
+    reason: str,
+    workflow_ids: list[str],
+    all_matching: bool,
+    filters: selectors.RunFilters,
+    actor: AbstractBaseUser,
+) -> BulkResult:
+    """Apply one action with one reason to many runs, each in its own transition (and audit
+    event). Runs where it is not valid are listed back, untouched."""
+    if action not in BULK_ACTIONS:
+        raise ValueError(f"bulk action must be one of {', '.join(BULK_ACTIONS)}")
+    if not reason.strip():
+        raise ValueError("a reason is required")
+    if all_matching:
+        workflow_ids = list(
+            filters.queryset(clock.now()).order_by("-pk").values_list("workflow_id", flat=True)[:BULK_LIMIT]
+        )
+    workflow_ids = list(dict.fromkeys(w for w in workflow_ids if w))[:BULK_LIMIT]
+    if not workflow_ids:
+        raise ValueError("select at least one run")
+    result = BulkResult(action=action)
+    for workflow_id in workflow_ids:
+        try:
+            if action == "retry":
+                step = _blocked_step(workflow_id)
+                transitions.step_retry(workflow_id=workflow_id, step_name=step, actor=actor, reason=reason)
+            elif action == "resume":
+                transitions.run_resume(workflow_id=workflow_id, actor=actor, reason=reason)
+            else:
+                transitions.run_terminate(workflow_id=workflow_id, actor=actor, reason=reason)
+            result.done.append(workflow_id)
+        except (InvalidTransition, WorkflowRun.DoesNotExist) as exc:
+            result.refused.append((workflow_id, str(exc)))
+    return result
+
+
+def _blocked_step(workflow_id: str) -> str:
+    step = (
+        WorkflowRun.objects.get(workflow_id=workflow_id)
+        .steps.filter(state__in=[StepState.FAILED, StepState.UNKNOWN])
+        .order_by("position")
+        .values_list("step_name", flat=True)
+        .first()
+    )
+    if step is None:
+        raise InvalidTransition("no failed or unknown step to retry")
+    return step
+
+
+# --- dashboard -----------------------------------------------------------------------
+
+
+def dashboard(*, now: datetime) -> dict[str, Any]:
+    """Runs by state, stuck runs by cause, and retries / unknown outcomes per hour over the
+    last 24 hours, laid out for small server-rendered SVG bar charts."""
+    since = now - timedelta(hours=24)
+    per_hour = (
+        AuditEvent.objects.filter(at__gte=since, action__in=["step_fail", "step_unknown", "outbox_retry"])
+        .annotate(hour=TruncHour("at"))
+        .values("hour", "action")
+        .annotate(n=Count("id"))
+    )
+    hours = [(since + timedelta(hours=i + 1)).replace(minute=0, second=0, microsecond=0) for i in range(24)]
+    retries = dict.fromkeys(hours, 0)
+    unknown = dict.fromkeys(hours, 0)
+    for row in per_hour:
+        bucket = unknown if row["action"] == "step_unknown" else retries
+        if row["hour"] in bucket:
+            bucket[row["hour"]] += row["n"]
+    return {
+        "states": _bars([(c["label"], c["count"], f"?state={c['state']}") for c in selectors.state_counts()]),
+        "stuck": _bars([(c["label"], c["count"], f"?stuck={c['cause']}") for c in selectors.stuck_counts(now=now)]),
+        "retries": _columns([(h, retries[h]) for h in hours]),
+        "unknown": _columns([(h, unknown[h]) for h in hours]),
+        "now": now,
+    }
+
+
+def _bars(items: list[tuple[str, int, str]]) -> dict[str, Any]:
+    top = max([n for _, n, _ in items] + [1])
+    rows = [
+        {"label": label, "count": n, "href": href, "y": i * 22, "width": round(300 * n / top, 1)}
+        for i, (label, n, href) in enumerate(items)
+    ]
+    return {"rows": rows, "height": len(rows) * 22}
+
+
+def _columns(items: list[tuple[datetime, int]]) -> dict[str, Any]:
+    top = max([n for _, n in items] + [1])
+    cols = [
+        {"hour": h, "count": n, "x": i * 20, "height": round(80 * n / top, 1), "y": round(80 - 80 * n / top, 1)}
+        for i, (h, n) in enumerate(items)
+    ]
+    return {"cols": cols, "total": sum(n for _, n in items), "max": top}
+
+
+# --- demo page --------------------------------------------------------------------------
+
+
+def demo_context() -> dict[str, Any]:
+    from sandbox import faults
+    from sandbox.models import FAULTABLE, Fault, FaultMode
+
+    return {
+        "counts": faults.counts(),
+        "armed": list(Fault.objects.using("sandbox").filter(remaining__gt=0).order_by("created_at")),
+        "targets": [f"{service} {op}" for service, ops in FAULTABLE.items() for op in ops],
+        "modes": FaultMode.values,
+    }
+
+
+def demo_action(data, *, actor: AbstractBaseUser) -> str:
+    """Arm a fault, clear the sandbox, or start a demo invoice. Raises ValueError."""
+    from sandbox import faults
+
+    what = data.get("what")
+    if what == "fault":
+        service, _, operation = (data.get("target") or "").partition(" ")
+        times = _int(data.get("times"), 1)
+        faults.set_fault(
+            service,
+            operation,
+            data.get("mode", ""),
+            times=times,
+            retry_after=_int(data.get("retry_after"), 1),
+            delay_ms=_int(data.get("delay_ms"), 0),
+        )
+        return f"armed {data.get('mode')} on {service} {operation} for the next {times} call(s)"
+    if what == "clear":
+        faults.clear()
+        return "sandbox cleared: no faults, no tasks, messages or ledger entries"
+    if what == "start":
+        invoice_id = (data.get("invoice_id") or "").strip()
+        text = (data.get("text") or "").strip()
+        try:
+            run, created = transitions.run_start(
+                workflow="invoice", data={"tenant": "demo", "invoice_id": invoice_id, "text": text}, actor=actor
+            )
+        except Exception as exc:  # pydantic validation, conflicts: shown on the page
+            raise ValueError(f"could not start: {exc}") from exc
+        return f"{'started' if created else 'already running'}: {run.workflow_id}"
+    raise ValueError("unknown demo action")
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value) if value not in (None, "") else default
+    except (TypeError, ValueError):
+        raise ValueError(f"{value!r} is not a whole number") from None

@@ -1,0 +1,171 @@
+"""The operator console: thin views. Each parses its input, checks the permission on the
+server, calls one domain function (the same transitions the executor uses), and chooses a
+template. htmx swaps: 2xx and the user-fixable 400/403/409 are swapped (see base.html's
+htmx-config meta); errors of a form land in its ``#flash`` area via HX-Retarget."""
+
+from __future__ import annotations
+
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.vary import vary_on_headers
+from django_htmx.http import reswap, retarget
+
+from . import clock, selectors, services
+from .errors import InvalidTransition, RunChanged
+from .models import WorkflowRun
+from .permissions import can, role_of
+from .transitions import run_version
+
+
+def permission_required(action: str):
+    """Login first (a page redirects to the login form); then the role, checked on the server."""
+
+    def decorate(view):
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs):
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
+            if not can(request.user, action):
+                return HttpResponseForbidden(f"Your role may not {action} here.")
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def _flash(request: HttpRequest, message: str, *, status: int, level: str = "error") -> HttpResponse:
+    response = render(request, "console/flash.html", {"message": message, "level": level}, status=status)
+    if request.htmx:
+        response = reswap(retarget(response, "#flash"), "innerHTML")
+    return response
+
+
+# --- runs list --------------------------------------------------------------------------
+
+
+@require_GET
+@vary_on_headers("HX-Request")
+@permission_required("view")
+def runs_list(request: HttpRequest) -> HttpResponse:
+    now = clock.now()
+    filters = selectors.RunFilters.from_params(request.GET)
+    runs, next_cursor = selectors.runs_page(filters, now=now)
+    context = {
+        "filters": filters,
+        "runs": runs,
+        "next_cursor": next_cursor,
+        "next_query": filters.query(after=next_cursor) if next_cursor else "",
+        "first_query": filters.query(),
+        "state_counts": selectors.state_counts(),
+        "stuck_counts": selectors.stuck_counts(now=now),
+        "stuck_labels": selectors.STUCK_LABELS,
+        "workflows": selectors.workflow_names(),
+        "ages": list(selectors.AGES),
+        "states": WorkflowRun._meta.get_field("state").choices,
+        "can_bulk": can(request.user, "bulk"),
+        "now": now,
+    }
+    partial = request.htmx.target if request.htmx and request.htmx.target in ("counts", "runs-table") else None
+    return render(request, f"console/runs.html#{partial}" if partial else "console/runs.html", context)
+
+
+@require_POST
+@permission_required("bulk")
+def bulk_action(request: HttpRequest) -> HttpResponse:
+    filters = selectors.RunFilters.from_params(request.POST)
+    try:
+        result = services.bulk_apply(
+            action=request.POST.get("action", ""),
+            reason=request.POST.get("reason", ""),
+            workflow_ids=request.POST.getlist("run"),
+            all_matching=request.POST.get("all_matching") == "1",
+            filters=filters,
+            actor=request.user,
+        )
+    except ValueError as exc:
+        return _flash(request, str(exc), status=400)
+    return render(request, "console/bulk_result.html", {"result": result, "back": filters.query()})
+
+
+# --- one run ---------------------------------------------------------------------------
+
+
+@require_GET
+@vary_on_headers("HX-Request")
+@permission_required("view")
+def run_detail(request: HttpRequest, workflow_id: str) -> HttpResponse:
+    return _render_run(request, workflow_id)
+
+
+def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", status: int = 200) -> HttpResponse:
+    try:
+        detail = selectors.run_detail(workflow_id)
+    except WorkflowRun.DoesNotExist:
+        raise Http404(f"no run {workflow_id}") from None
+    detail.update(
+        actions=services.available_actions(detail, request.user, now=clock.now()),
+        version=run_version(detail["run"]),
+        role=role_of(request.user).name.lower(),
+        message=message,
+        now=clock.now(),
+    )
+    template = "console/run.html#run-body" if request.htmx else "console/run.html"
+    return render(request, template, detail, status=status)
+
+
+@require_POST
+@login_required
+def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
+    action = request.POST.get("action", "")
+    permission = services.PERMISSION_OF.get(action)
+    if permission is None:
+        return _flash(request, f"unknown action {action!r}", status=400)
+    if not can(request.user, permission):
+        return _flash(request, f"Your role may not {permission} runs.", status=403)
+    try:
+        message = services.apply_action(
+            action=action,
+            workflow_id=workflow_id,
+            step=request.POST.get("step") or None,
+            reason=request.POST.get("reason", ""),
+            expect=request.POST.get("version") or None,
+            remote_ref=request.POST.get("remote_ref", ""),
+            actor=request.user,
+        )
+    except WorkflowRun.DoesNotExist:
+        return _flash(request, f"no run {workflow_id}", status=404)
+    except RunChanged as exc:
+        return _flash(request, str(exc), status=409)
+    except InvalidTransition as exc:
+        return _flash(request, str(exc), status=400)
+    if not request.htmx:
+        return redirect(reverse("console:run", args=[workflow_id]))
+    return _render_run(request, workflow_id, message=message)
+
+
+# --- dashboard and demo -------------------------------------------------------------------
+
+
+@require_GET
+@permission_required("view")
+def dashboard(request: HttpRequest) -> HttpResponse:
+    return render(request, "console/dashboard.html", services.dashboard(now=clock.now()))
+
+
+@permission_required("sandbox")
+def demo(request: HttpRequest) -> HttpResponse:
+    message, status = "", 200
+    if request.method == "POST":
+        try:
+            message = services.demo_action(request.POST, actor=request.user)
+        except ValueError as exc:
+            message, status = str(exc), 400
+    context = {**services.demo_context(), "message": message, "error": status != 200}
+    return render(request, "console/demo.html", context, status=status)

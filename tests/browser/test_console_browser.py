@@ -1,0 +1,170 @@
+"""The console in a real browser (Debian's Chromium driven by Playwright): what an operator
+does at 3 a.m., end to end. Screenshots are saved under var/screenshots/ for a human look."""
+
+import csv
+import io
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+
+from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
+from recovery.transitions import run_start
+from tests.conftest import drive
+from tests.support import receivers, workflows
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium (apt-get install -y chromium)"),
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _allow_orm_beside_playwright():
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # ordinary synchronous code all the same.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page_as(browser, live_server):
+    pages = []
+
+    def open_as(role: str):
+        user = get_user_model().objects.create_user(role, password=f"{role}-pw")
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+        context = browser.new_context(viewport={"width": 1360, "height": 900}, accept_downloads=True)
+        page = context.new_page()
+        page.goto(f"{live_server.url}/login/")
+        page.fill("input[name=username]", role)
+        page.fill("input[name=password]", f"{role}-pw")
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{live_server.url}/")
+        pages.append(context)
+        return page
+
+    yield open_as
+    for context in pages:
+        context.close()
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def unknown_run(clock, monkeypatch):
+    receivers.arm("message", "commit_then_drop")
+    monkeypatch.setattr(workflows.notify, "lookup_fn", lambda ctx: (_ for _ in ()).throw(RuntimeError("down")))
+    run = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "unknown-1"})[0], clock)
+    monkeypatch.undo()  # the messenger answers again: a reconcile by key will find the message
+    return run
+
+
+def failed_run(clock, order_id):
+    receivers.arm("task", "forbidden")
+    return drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": order_id})[0], clock)
+
+
+def test_operator_filters_stuck_runs_and_reconciles_an_unknown_outcome(page_as, clock, monkeypatch, live_server):
+    run = unknown_run(clock, monkeypatch)
+    failed_run(clock, "other-1")
+    page = page_as("operator")
+    page.get_by_role("link", name="Unknown outcome").click()
+    page.wait_for_url("**/?stuck=unknown")
+    assert page.locator("table.runs tbody tr").count() == 1
+    shot(page, "runs-stuck-unknown")
+    page.get_by_role("link", name=run.workflow_id).click()
+    assert page.locator(".state").first.inner_text() == "Needs Review"
+
+    form = page.locator("form.action", has=page.locator('[data-action="reconcile:notify"]'))
+    form.locator("input[name=reason]").fill("messenger is back; look it up")
+    form.locator("button").click()
+    page.wait_for_selector("text=reconcile (notify) recorded")
+    shot(page, "run-after-reconcile")
+    first_row = page.locator("table.history tbody tr").first
+    assert "operator" in first_row.inner_text() and "reconcile" in first_row.inner_text()
+    assert "messenger is back" in first_row.inner_text()
+    run.refresh_from_db()
+    assert run.state == RunState.PENDING and run.steps.get(step_name="notify").state == StepState.UNKNOWN
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED and receivers.counts()["message"] == 1
+
+
+def test_viewer_sees_no_action_and_a_forged_post_gets_403(page_as, clock):
+    run = failed_run(clock, "viewer-1")
+    page = page_as("viewer")
+    page.goto(f"{page.url}runs/{run.workflow_id}")
+    assert page.locator("[data-action]").count() == 0
+    assert page.get_by_text("needs the operator role").is_visible()
+    shot(page, "run-as-viewer")
+    token = page.locator("input[name=csrfmiddlewaretoken]").first.input_value()
+    status = page.evaluate(
+        """async ([url, token]) => {
+            const body = new URLSearchParams({action: "retry", step: "create_task", reason: "forged"});
+            const r = await fetch(url, {method: "POST", body, headers: {"X-CSRFToken": token}});
+            return r.status;
+        }""",
+        [f"/runs/{run.workflow_id}/act", token],
+    )
+    assert status == 403
+    assert not AuditEvent.objects.filter(run=run, action="retry").exists()
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED
+
+
+def test_supervisor_bulk_resumes_three_runs_with_one_reason(page_as, clock):
+    runs = [failed_run(clock, f"bulk-{i}") for i in range(3)]
+    page = page_as("supervisor")
+    for run in runs:
+        page.locator(f'input[name=run][value="{run.workflow_id}"]').check()
+    page.locator("select[name=action]").select_option("resume")
+    page.locator("input[name=reason][placeholder^='reason (recorded']").fill("tracker restored")
+    page.get_by_role("button", name="Apply").click()
+    page.wait_for_selector("text=3 runs changed")
+    shot(page, "bulk-result")
+    assert AuditEvent.objects.filter(action="resume", reason="tracker restored").count() == 3
+    assert set(WorkflowRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("state", flat=True)) == {
+        RunState.PENDING
+    }
+
+
+def test_the_audit_export_downloads_and_parses(page_as, clock):
+    run = failed_run(clock, "export-1")
+    page = page_as("viewer")
+    page.goto(f"{page.url}runs/{run.workflow_id}")
+    with page.expect_download() as download:
+        page.get_by_role("link", name="CSV").last.click()
+    content = Path(download.value.path()).read_text()
+    rows = list(csv.DictReader(io.StringIO(content)))
+    assert rows and {r["workflow_id"] for r in rows} == {run.workflow_id}
+    assert rows[0]["action"] == "start"
+    assert len(rows) == AuditEvent.objects.filter(run=run).count()

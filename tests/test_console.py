@@ -1,0 +1,211 @@
+"""The operator console: every page needs a session, every action is checked on the server,
+audited with the operator and a reason, and goes through the same transitions as the
+executor."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
+from recovery.transitions import run_start, run_version
+from tests.conftest import drive
+from tests.support import receivers, workflows
+from tests.support.models import RemoteObject
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def login(role: str | None) -> Client:
+    user = get_user_model().objects.create_user(f"u-{role}", password="pw")
+    if role:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])  # a flush drops the migration's rows
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def failed_run(clock, order_id="o-1"):
+    receivers.arm("task", "forbidden")
+    return drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": order_id})[0], clock)
+
+
+def unknown_run(clock, monkeypatch, order_id="o-u"):
+    receivers.arm("message", "commit_then_drop")
+    monkeypatch.setattr(workflows.notify, "lookup_fn", lambda ctx: (_ for _ in ()).throw(RuntimeError("down")))
+    return drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": order_id})[0], clock)
+
+
+def act(client, run, action, *, step="", reason="checked with the team", version=None, htmx=True, **extra):
+    data = {"action": action, "step": step, "reason": reason, "version": version or run_version(run), **extra}
+    headers = {"HX-Request": "true", "HX-Target": "run-body"} if htmx else {}
+    return client.post(reverse("console:run-action", args=[run.workflow_id]), data, headers=headers)
+
+
+@pytest.mark.parametrize(
+    "name,args", [("console:runs", []), ("console:dashboard", []), ("console:demo", []), ("console:run", ["order:t:x"])]
+)
+def test_every_page_needs_a_session(name, args):
+    response = Client().get(reverse(name, args=args))
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+def test_a_user_without_a_role_sees_nothing():
+    assert login(None).get(reverse("console:runs")).status_code == 403
+
+
+def test_viewer_reads_the_list_and_the_run_but_gets_no_action_and_a_forged_post_is_refused(clock):
+    run = failed_run(clock)
+    viewer = login("viewer")
+    page = viewer.get(reverse("console:runs"))
+    assert page.status_code == 200 and run.workflow_id in page.text
+    detail = viewer.get(reverse("console:run", args=[run.workflow_id]))
+    assert detail.status_code == 200 and "data-action=" not in detail.text
+    assert "needs the operator role" in detail.text
+    events = AuditEvent.objects.count()
+    forged = act(viewer, run, "retry", step="create_task")
+    assert forged.status_code == 403
+    run.refresh_from_db()
+    assert run.state == RunState.FAILED and AuditEvent.objects.count() == events
+
+
+def test_operator_retries_a_failed_step_with_a_reason_and_the_audit_names_them(clock):
+    run = failed_run(clock)
+    operator = login("operator")
+    detail = operator.get(reverse("console:run", args=[run.workflow_id]))
+    assert 'data-action="retry:create_task"' in detail.text
+    assert 'data-action="terminate"' not in detail.text  # supervisors only
+    response = act(operator, run, "retry", step="create_task", reason="tracker token rotated")
+    assert response.status_code == 200 and 'id="run-body"' in response.text
+    assert "retry (create_task) recorded" in response.text
+    event = AuditEvent.objects.get(run=run, action="retry")
+    assert (event.actor, event.reason) == ("u-operator", "tracker token rotated")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+
+
+def test_an_action_without_a_reason_changes_nothing_and_says_why(clock):
+    run = failed_run(clock)
+    response = act(login("operator"), run, "retry", step="create_task", reason="  ")
+    assert response.status_code == 400 and "reason is required" in response.text
+    assert response["HX-Retarget"] == "#flash"
+    assert not AuditEvent.objects.filter(action="retry").exists()
+
+
+def test_two_operators_acting_on_the_same_page_make_one_transition_the_other_gets_409(clock):
+    run = failed_run(clock)
+    version = run_version(run)
+    first, second = login("operator"), login("supervisor")
+    assert act(first, run, "retry", step="create_task", version=version).status_code == 200
+    late = act(second, run, "terminate", version=version)
+    assert late.status_code == 409 and "reload" in late.text
+    run.refresh_from_db()
+    assert run.state == RunState.PENDING
+    assert AuditEvent.objects.filter(action__in=["retry", "terminate"]).count() == 1
+
+
+def test_operator_may_not_terminate_supervisor_may_after_confirmation(clock):
+    run = failed_run(clock)
+    assert act(login("operator"), run, "terminate").status_code == 403
+    supervisor = login("supervisor")
+    assert 'hx-confirm="Stop this run for good?' in supervisor.get(reverse("console:run", args=[run.workflow_id])).text
+    assert act(supervisor, run, "terminate").status_code == 200
+    run.refresh_from_db()
+    assert run.state == RunState.TERMINATED
+
+
+def test_unknown_outcome_is_reconciled_manually_with_evidence(clock, monkeypatch):
+    run = unknown_run(clock, monkeypatch)
+    assert run.steps.get(step_name="notify").state == StepState.UNKNOWN
+    operator = login("operator")
+    page = operator.get(reverse("console:run", args=[run.workflow_id]))
+    assert 'data-action="resolve_happened:notify"' in page.text and 'data-action="reconcile:notify"' in page.text
+    missing = act(operator, run, "resolve_happened", step="notify", remote_ref="")
+    assert missing.status_code == 400 and "remote id" in missing.text
+    message_id = f"msg-{RemoteObject.objects.get(kind='message').pk}"  # what the messenger's own UI shows
+    assert act(operator, run, "resolve_happened", step="notify", remote_ref=message_id).status_code == 200
+    notify = run.steps.get(step_name="notify")
+    assert (notify.state, notify.remote_ref) == (StepState.SUCCEEDED, message_id)
+    event = AuditEvent.objects.get(run=run, action="resolve")
+    assert event.after["evidence"] == {"happened": True, "remote_ref": message_id}
+    monkeypatch.undo()
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts()["message"] == 1  # never sent twice
+
+
+def test_without_javascript_an_action_redirects_back_to_the_run(clock):
+    run = failed_run(clock)
+    response = act(login("operator"), run, "retry", step="create_task", htmx=False)
+    assert response.status_code == 302 and response["Location"] == reverse("console:run", args=[run.workflow_id])
+
+
+def test_bulk_resume_applies_to_each_run_and_lists_the_ones_it_could_not_touch(clock):
+    runs = [failed_run(clock, f"bulk-{i}") for i in range(3)]
+    done = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "done"})[0], clock)
+    supervisor = login("supervisor")
+    ids = [r.workflow_id for r in runs] + [done.workflow_id]
+    response = supervisor.post(reverse("console:bulk"), {"action": "resume", "reason": "tracker back", "run": ids})
+    assert response.status_code == 200
+    assert "3 runs changed" in response.text and "a finished run cannot be resumed" in response.text
+    assert AuditEvent.objects.filter(action="resume", reason="tracker back").count() == 3
+    assert set(WorkflowRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("state", flat=True)) == {"pending"}
+    forged = login("operator").post(reverse("console:bulk"), {"action": "resume", "reason": "x", "run": ids})
+    assert forged.status_code == 403
+
+
+def test_bulk_on_all_runs_matching_the_filter(clock):
+    for i in range(3):
+        failed_run(clock, f"f-{i}")
+    response = login("supervisor").post(
+        reverse("console:bulk"), {"action": "terminate", "reason": "bad batch", "all_matching": "1", "state": "failed"}
+    )
+    assert "3 runs changed" in response.text
+    assert WorkflowRun.objects.filter(state=RunState.TERMINATED).count() == 3
+
+
+def test_filters_search_and_keyset_pages_with_a_constant_number_of_queries(clock, monkeypatch):
+    for i in range(120):
+        run_start(workflow="test_orders", data={"tenant": "t", "order_id": f"p-{i:03d}"})
+    stuck = unknown_run(clock, monkeypatch)
+    viewer = login("viewer")
+    first = viewer.get(reverse("console:runs"))
+    assert first.text.count('name="run"') == 0  # viewers get no bulk checkboxes
+    runs_on = lambda r: r.text.count('<td><a href="/runs/')  # noqa: E731
+    assert runs_on(first) == 50
+    cursor = first.context["next_cursor"]
+    with CaptureQueriesContext(connection) as page1:
+        viewer.get(reverse("console:runs"))
+    with CaptureQueriesContext(connection) as page3:
+        third = viewer.get(reverse("console:runs") + f"?after={cursor - 50}")
+    assert len(page1) == len(page3)
+    assert runs_on(third) == 21 and third.context["next_cursor"] is None
+    assert not any("COUNT(*)" in q["sql"] and "LIMIT" not in q["sql"] for q in page1.captured_queries)
+
+    assert stuck.workflow_id in viewer.get(reverse("console:runs") + "?stuck=unknown").text
+    assert "p-001" not in viewer.get(reverse("console:runs") + "?stuck=unknown").text
+    key = stuck.steps.get(step_name="create_task").idempotency_key
+    found = viewer.get(reverse("console:runs") + f"?q={key}")
+    assert runs_on(found) == 1 and stuck.workflow_id in found.text
+    assert runs_on(viewer.get(reverse("console:runs") + "?key=order:t:p-00")) == 10
+
+
+def test_htmx_refresh_returns_only_the_part_asked_for_and_keeps_the_filters(clock):
+    failed_run(clock)
+    viewer = login("viewer")
+    url = reverse("console:runs") + "?state=failed"
+    table = viewer.get(url, headers={"HX-Request": "true", "HX-Target": "runs-table"})
+    assert table.text.lstrip().startswith('<section id="runs-table">') and "<html" not in table.text
+    counts = viewer.get(url, headers={"HX-Request": "true", "HX-Target": "counts"})
+    assert 'hx-get="/?state=failed"' in counts.text
+    assert table["Vary"].count("HX-Request") == 1
+
+
+def test_dashboard_and_demo_pages(clock):
+    failed_run(clock)
+    assert "<svg" in login("viewer").get(reverse("console:dashboard")).text
+    assert login("operator").get(reverse("console:demo")).status_code == 403
