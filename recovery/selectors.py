@@ -249,6 +249,7 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
     audit = list(run.audit_events.order_by("-at", "-id")[: AUDIT_SHOWN + 1])
     decisions = list(run.decisions.order_by("step_name", "created_at"))
     outbox = list(run.outbox.order_by("pk"))
+    versions = list(run.history.select_related("history_user").order_by("-history_date", "-history_id")[:AUDIT_SHOWN])
     return {
         "run": run,
         "steps": steps,
@@ -261,6 +262,7 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
         "superseded": [d for d in decisions if d.state == DecisionState.SUPERSEDED],
         "invalid": [d for d in decisions if d.state == DecisionState.INVALID],
         "outbox": outbox,
+        "versions": versions,
         "timeline": timeline(run, steps),
     }
 
