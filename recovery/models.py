@@ -103,7 +103,10 @@ class StepExecution(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "step_name"], name="one_execution_per_step"),
         ]
-        indexes = [models.Index(fields=["remote_ref"], name="step_remote_ref_idx")]
+        indexes = [
+            models.Index(fields=["remote_ref"], name="step_remote_ref_idx"),
+            models.Index(fields=["state", "last_error_kind"], name="step_state_kind_idx"),  # stuck causes
+        ]
 
     def __str__(self) -> str:
         return f"{self.run_id}:{self.step_name}"
