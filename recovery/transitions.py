@@ -663,6 +663,19 @@ def _live_lease(run: WorkflowRun, now: datetime) -> bool:
     return bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
 
 
+def _abandon_running_steps(run: WorkflowRun, now: datetime, actor: AbstractBaseUser | None) -> list[str]:
+    """A step left ``running`` by an executor that lost (or is losing) the run has an unknown
+    outcome: an operator's transition records it so, never leaving it ``running`` forever."""
+    names = []
+    for step in StepExecution.objects.select_for_update().filter(run=run, state=StepState.RUNNING):
+        step.state = StepState.UNKNOWN
+        step.last_error_kind = ErrorKind.UNKNOWN_OUTCOME
+        step.last_error = "the executor running this step lost the run before recording its outcome"
+        _save_step(step, ["state", "last_error_kind", "last_error"], now, actor)
+        names.append(step.step_name)
+    return names
+
+
 def run_resume(
     *,
     workflow_id: str,
@@ -798,6 +811,7 @@ def _operator_step_action(
             raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be changed this way")
         if _live_lease(run, now):
             raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
+        _abandon_running_steps(run, now, actor)
         step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
         if step is None:
             raise InvalidTransition(f"run {workflow_id} has no step {step_name!r}")
@@ -829,7 +843,9 @@ def step_resolve(
 ) -> WorkflowRun:
     """An operator settles an unknown outcome with evidence from the other system: "it
     succeeded, remote id X" records the step as succeeded with that reference; "it did not
-    happen" makes it due again, with the same key. The run becomes due."""
+    happen" makes it due again, with the same key. The run becomes due — except a terminated
+    run, which stays terminated: there the evidence only settles what exists (so that it can
+    be compensated), and a call that did not happen is skipped."""
     reason = _require_reason(reason)
     remote_ref = (remote_ref or "").strip()
     if happened and not remote_ref:
@@ -837,8 +853,10 @@ def step_resolve(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
-        if run.state in TERMINAL_RUN_STATES or _live_lease(run, now):
+        stays_terminated = run.state == RunState.TERMINATED
+        if (run.state in TERMINAL_RUN_STATES and not stays_terminated) or _live_lease(run, now):
             raise InvalidTransition(f"run {workflow_id} is {run.state}; it cannot be changed now")
+        _abandon_running_steps(run, now, actor)
         step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
         if step is None or step.state != StepState.UNKNOWN:
             raise InvalidTransition(f"step {step_name} is not waiting for reconciliation")
@@ -848,11 +866,14 @@ def step_resolve(
             step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
             step.remote_ref = remote_ref
             step.result = {"remote_ref": remote_ref, "resolved_by": _actor_fields(actor)["actor"]}
+        elif stays_terminated:
+            step.state = StepState.SKIPPED
         else:
             step.state = _check(STEP_TRANSITIONS, "reset", step.state, "step")
         _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
-        _release_into(run, RunState.PENDING, reason=f"{step_name}: resolved by an operator")
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        if not stays_terminated:
+            _release_into(run, RunState.PENDING, reason=f"{step_name}: resolved by an operator")
+            _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
         evidence = {"happened": happened, **({"remote_ref": remote_ref} if happened else {})}
         _audit(
             run,
@@ -884,10 +905,12 @@ def run_terminate(
         run = _locked_run_by_id(workflow_id, expect)
         before = _snap(run)
         _check(RUN_TRANSITIONS, "terminate", run.state, "run")
+        abandoned = _abandon_running_steps(run, now, actor)  # a live executor's call may land or not
         _release_into(run, RunState.TERMINATED, reason=reason)
         run.lease_generation += 1  # fence out any executor still holding a lease
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-        _audit(run, "terminate", actor=actor, reason=reason, before=before, after=_snap(run), now=now)
+        after = {**_snap(run), "steps_now_unknown": abandoned} if abandoned else _snap(run)
+        _audit(run, "terminate", actor=actor, reason=reason, before=before, after=after, now=now)
         return run
 
 
@@ -1042,6 +1065,7 @@ def run_compensate(
         run = _locked_run_by_id(workflow_id, expect)
         if _live_lease(run, now):
             raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
+        _abandon_running_steps(run, now, actor)  # then compensation waits for their reconciliation
         _start_compensation(run, actor=actor, reason=reason, now=now, step_name=step_name)
         return run
 

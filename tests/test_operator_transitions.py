@@ -149,3 +149,35 @@ def test_superseding_a_decision_makes_a_new_version_with_its_reason(clock, opera
     assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 2}
     with pytest.raises(InvalidTransition):  # finished, and later steps acted on it
         transitions.decision_supersede(workflow_id=run.workflow_id, step_name="decide", actor=operator, reason="y")
+
+
+def test_terminating_a_run_whose_worker_died_mid_call_leaves_no_step_running(clock, operator):
+    """Found by the state-machine property: the step a dead worker left `running` is recorded
+    as unknown (its call may have landed), never left running forever."""
+    run = start()
+    crash_at_step = "create_task:after_call"
+    from tests.conftest import crash_at
+
+    crash_at(pytest.MonkeyPatch(), crash_at_step, lambda: advance(run.pk))
+    transitions.run_terminate(workflow_id=run.workflow_id, actor=operator, reason="duplicate order")
+    run.refresh_from_db()
+    task = run.steps.get(step_name="create_task")
+    assert (run.state, task.state, task.last_error_kind) == (RunState.TERMINATED, StepState.UNKNOWN, "unknown_outcome")
+    assert AuditEvent.objects.get(run=run, action="terminate").after["steps_now_unknown"] == ["create_task"]
+    assert receivers.counts()["task"] == 1  # it did land: an operator can now see it…
+    with pytest.raises(InvalidTransition, match="reconcile create_task first"):
+        transitions.run_compensate(workflow_id=run.workflow_id, actor=operator, reason="undo")
+    task_ref = f"task-{receivers.RemoteObject.objects.get(kind='task').pk}"
+    transitions.step_resolve(
+        workflow_id=run.workflow_id,
+        step_name="create_task",
+        actor=operator,
+        reason="found it in the tracker",
+        happened=True,
+        remote_ref=task_ref,
+    )
+    run.refresh_from_db()
+    assert run.state == RunState.TERMINATED  # …settle it without reviving the run…
+    transitions.run_compensate(workflow_id=run.workflow_id, actor=operator, reason="undo the task")
+    run = drive(run, clock)  # …and compensate it
+    assert run.state == RunState.COMPENSATED and receivers.compensations()["task_cancel"] == 1

@@ -107,12 +107,12 @@ def find_entry(*, reference: str) -> Outcome | None:
 # --- compensations: each idempotent under its own key ----------------------------------
 
 
-def cancel_task(*, task_id: int, key: str, reason: str) -> Outcome:
+def cancel_task(*, task_ref: str, key: str, reason: str) -> Outcome:
     mode = _before("task_cancel")
     try:
         with transaction.atomic():
             obj = RemoteObject.objects.create(
-                kind="task_cancel", dedupe_key=key, payload={"task": task_id, "reason": reason}
+                kind="task_cancel", dedupe_key=key, payload={"task": task_ref, "reason": reason}
             )
     except IntegrityError:
         obj = RemoteObject.objects.get(kind="task_cancel", dedupe_key=key)

@@ -106,7 +106,7 @@ def _(ctx):
 @create_task.compensate(who="supervisor")
 def _(ctx):
     """Cancel the task with a reason."""
-    return receivers.cancel_task(task_id=ctx.intent["result"]["task_id"], key=ctx.idempotency_key, reason="compensated")
+    return receivers.cancel_task(task_ref=ctx.intent["remote_ref"], key=ctx.idempotency_key, reason="compensated")
 
 
 @notify.compensate(who="operator")
