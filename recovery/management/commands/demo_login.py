@@ -16,4 +16,6 @@ class Command(RecoveryCommand):
         user.is_staff = user.is_superuser = True
         user.set_password("demo")
         user.save()
-        self.stdout.write("demo login: user 'demo', password 'demo'")
+        roles = [name for name in ("supervisor", "operator", "viewer") if User.objects.filter(username=name).exists()]
+        others = "".join(f", {name}/{name}" for name in roles)
+        self.stdout.write(f"demo logins (user/password): demo/demo (superuser){others}")
