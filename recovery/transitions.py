@@ -266,14 +266,16 @@ def _enqueue_on_commit(run_pk: int) -> None:
     if settings.RECOVERY_EXECUTOR == "celery":
         from .tasks import advance_run
 
-        transaction.on_commit(lambda: advance_run.delay(run_pk))
+        # robust: a broker that is down right now must not undo or misreport a committed change;
+        # the sweeper finds the run later.
+        transaction.on_commit(lambda: advance_run.delay(run_pk), robust=True)
 
 
 def _publish_on_commit(outbox_pk: int) -> None:
     if settings.RECOVERY_EXECUTOR == "celery":
         from .tasks import publish_outbox
 
-        transaction.on_commit(lambda: publish_outbox.delay(outbox_pk))
+        transaction.on_commit(lambda: publish_outbox.delay(outbox_pk), robust=True)
 
 
 # --- starting a run --------------------------------------------------------------------
