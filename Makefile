@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 PORT ?= 8000
 export PORT  # settings derive SANDBOX_URL from it
 
-.PHONY: run test install migrate
+.PHONY: run test install migrate soak
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
@@ -34,3 +34,8 @@ run: migrate
 test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+# The whole system under real process death (README "Soak"): its own databases on the PostgreSQL
+# server of DATABASE_URL, its own Redis; SOAK_RUNS (500), SOAK_KILL_EVERY, SOAK_TIMEOUT, SOAK_KEEP.
+soak: install
+	$(PY) bench/soak.py
