@@ -1,35 +1,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
 from recovery import clock as engine_clock
 from recovery import failpoints
 from recovery.executor import advance, publish_due
 from recovery.models import RunState, WorkflowRun
+from recovery.testing import MovableClock
 from tests.support import receivers
-
-
-class MovableClock:
-    """The engine's clock, under the test's control."""
-
-    def __init__(self) -> None:
-        self.current = timezone.now()
-
-    def now(self) -> datetime:
-        return self.current
-
-    def advance(self, seconds: float) -> None:
-        self.current += timedelta(seconds=seconds)
-
-    def set(self, when: datetime) -> None:
-        self.current = max(self.current, when)
 
 
 @pytest.fixture
