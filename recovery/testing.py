@@ -142,12 +142,20 @@ def inject(spec: StepSpec, fault: str) -> Iterator[None]:
         yield
 
 
-def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 200) -> WorkflowRun:
+def drive(
+    run: WorkflowRun,
+    clock: MovableClock,
+    *,
+    max_rounds: int = 200,
+    owner: str = "fault-matrix",
+    must_settle: bool = False,
+) -> WorkflowRun:
     """Advance the run and publish its outbox the way production would, moving the clock to
-    each retry time and past each crashed worker's lease, until the run settles."""
+    each retry time and past each crashed worker's lease, until the run settles (with
+    ``must_settle``, an AssertionError if it does not within ``max_rounds``)."""
     for _ in range(max_rounds):
-        advance(run.pk, owner="fault-matrix")
-        publish_due(owner="fault-matrix")
+        advance(run.pk, owner=owner)
+        publish_due(owner=owner)
         run.refresh_from_db()
         if run.lease_owner:
             clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
@@ -155,6 +163,8 @@ def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 200) -> Wo
             clock.set(run.next_wake_at)
         elif run.state not in (RunState.PENDING, RunState.COMPENSATING):
             return run
+    if must_settle:
+        raise AssertionError(f"run {run.workflow_id} did not come to rest: {run.state}")
     return run
 
 

@@ -4,13 +4,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from recovery import clock as engine_clock
-from recovery import failpoints
-from recovery.executor import advance, publish_due
-from recovery.models import RunState, WorkflowRun
+from recovery import failpoints, testing
+from recovery.models import WorkflowRun
 from recovery.testing import MovableClock
 from tests.support import receivers
 
@@ -49,19 +47,9 @@ def crash_at(monkeypatch, failpoint: str, call: Callable[[], Any]) -> None:
 
 
 def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 60) -> WorkflowRun:
-    """Advance a run the way production would: a retry waits until its time comes; a run
-    left `running` by a crashed worker is taken over once its lease expires."""
-    for _ in range(max_rounds):
-        advance(run.pk, owner="test-executor")
-        publish_due(owner="test-publisher")
-        run.refresh_from_db()
-        if run.lease_owner:  # a crashed worker's lease: wait for it to expire
-            clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
-        elif run.next_wake_at is not None:
-            clock.set(run.next_wake_at)
-        elif run.state not in (RunState.PENDING, RunState.COMPENSATING):
-            return run
-    raise AssertionError(f"run {run.workflow_id} did not come to rest: {run.state}")
+    """Advance a run the way production would until it comes to rest (recovery.testing.drive);
+    fail the test if it does not."""
+    return testing.drive(run, clock, max_rounds=max_rounds, owner="test-executor", must_settle=True)
 
 
 def lease_expired_running_steps() -> list:
