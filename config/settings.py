@@ -80,7 +80,9 @@ TEMPLATES = [
 
 
 def database(url: str) -> dict:
-    config = dj_database_url.parse(url, conn_max_age=0)
+    # Persistent connections suit Celery workers (a connection per task costs a backend
+    # start); leave 0 for runserver, which opens one per request thread.
+    config = dj_database_url.parse(url, conn_max_age=int(env("DATABASE_CONN_MAX_AGE", "0")), conn_health_checks=True)
     if config["ENGINE"] == "django.db.backends.sqlite3":
         # WAL lets readers work beside the one writer; IMMEDIATE takes the write lock at
         # BEGIN so two writers queue on busy_timeout instead of failing on lock upgrade.
@@ -124,6 +126,8 @@ CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {
         "task": "recovery.tasks.sweep",
         "schedule": float(env("RECOVERY_SWEEP_SECONDS", "5")),
+        # A sweep stuck behind a backlog is stale by the time a worker gets it: drop it.
+        "options": {"expires": float(env("RECOVERY_SWEEP_SECONDS", "5"))},
     },
 }
 
@@ -134,6 +138,10 @@ RECOVERY_EXECUTOR = env("RECOVERY_EXECUTOR", "embedded")
 if RECOVERY_EXECUTOR not in {"embedded", "celery"}:
     raise ImproperlyConfigured("RECOVERY_EXECUTOR must be 'embedded' or 'celery'")
 RECOVERY_LEASE_SECONDS = float(env("RECOVERY_LEASE_SECONDS", "30"))
+# A queued task for a run (or an outbox message) is not sent again by the sweeper until it is
+# this old without a worker having taken it: a backlog is not multiplied, a lost message is
+# re-sent (celery only).
+RECOVERY_REDISPATCH_SECONDS = float(env("RECOVERY_REDISPATCH_SECONDS", "60"))
 # Modules that declare workflows; each is imported when the app registry is ready.
 RECOVERY_WORKFLOW_MODULES = [
     m.strip() for m in env("RECOVERY_WORKFLOW_MODULES", "workflows.registry").split(",") if m.strip()

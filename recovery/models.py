@@ -48,9 +48,12 @@ class WorkflowRun(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_generation = models.BigIntegerField(default=0)
     next_wake_at = models.DateTimeField(null=True, blank=True)
+    # When a task for this run was last put on the broker; a claim clears it. The sweeper
+    # sends another only once it is RECOVERY_REDISPATCH_SECONDS old (presumed lost).
+    dispatched_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
-    history = HistoricalRecords(excluded_fields=["lease_expires_at"])
+    history = HistoricalRecords(excluded_fields=["lease_expires_at", "dispatched_at"])
 
     class Meta:
         indexes = [
@@ -206,6 +209,7 @@ class OutboxMessage(models.Model):
     claimed_by = models.CharField(max_length=200, blank=True)
     claimed_until = models.DateTimeField(null=True, blank=True)
     claim_generation = models.BigIntegerField(default=0)
+    dispatched_at = models.DateTimeField(null=True, blank=True)  # as WorkflowRun.dispatched_at
     provider_ref = models.CharField(max_length=255, blank=True)
     last_error_kind = models.CharField(max_length=24, choices=ErrorKind.choices, blank=True)
     last_error = models.TextField(blank=True)

@@ -30,13 +30,14 @@ def publish_outbox(outbox_pk: int) -> None:
 
 @shared_task(ignore_result=True)
 def sweep(limit: int = 500) -> int:
-    """Re-enqueue runs whose retry time came or whose lease expired, and outbox messages due
-    for delivery: a lost broker message delays work but never loses it; a duplicated one is
-    refused by the lease (or the outbox claim)."""
-    run_pks = executor.due_run_ids(limit=limit)
+    """Queue a task for each run whose retry time came or whose lease expired, and for each
+    outbox message due for delivery, unless one is already queued (``dispatched_at``): a lost
+    broker message delays work but never loses it; a duplicated one is refused by the lease
+    (or the outbox claim)."""
+    run_pks = transitions.runs_dispatch(limit=limit)
     for run_pk in run_pks:
         advance_run.delay(run_pk)
-    outbox_pks = executor.due_outbox_ids(limit=limit)
+    outbox_pks = transitions.outbox_dispatch(limit=limit)
     for outbox_pk in outbox_pks:
         publish_outbox.delay(outbox_pk)
     return len(run_pks) + len(outbox_pks)

@@ -266,6 +266,8 @@ def _enqueue_on_commit(run_pk: int) -> None:
     if settings.RECOVERY_EXECUTOR == "celery":
         from .tasks import advance_run
 
+        # Stamped in the same transaction, so the sweeper does not queue a second task for it.
+        WorkflowRun.objects.filter(pk=run_pk).update(dispatched_at=clock.now())
         # robust: a broker that is down right now must not undo or misreport a committed change;
         # the sweeper finds the run later.
         transaction.on_commit(lambda: advance_run.delay(run_pk), robust=True)
@@ -275,7 +277,39 @@ def _publish_on_commit(outbox_pk: int) -> None:
     if settings.RECOVERY_EXECUTOR == "celery":
         from .tasks import publish_outbox
 
+        OutboxMessage.objects.filter(pk=outbox_pk).update(dispatched_at=clock.now())
         transaction.on_commit(lambda: publish_outbox.delay(outbox_pk), robust=True)
+
+
+def _undispatched(now: datetime) -> Q:
+    """No task queued for it, or the one queued is old enough to be presumed lost."""
+    stale = now - timedelta(seconds=settings.RECOVERY_REDISPATCH_SECONDS)
+    return Q(dispatched_at__isnull=True) | Q(dispatched_at__lte=stale)
+
+
+def _dispatch(qs, limit: int, now: datetime) -> list[int]:
+    with transaction.atomic():
+        locked = qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
+        pks = list(locked.values_list("pk", flat=True)[:limit])
+        qs.model.objects.filter(pk__in=pks).update(dispatched_at=now)
+    return pks
+
+
+def runs_dispatch(*, limit: int, now: datetime | None = None) -> list[int]:
+    """Pick up to ``limit`` runs that are due and have no task on the broker, and stamp them
+    as dispatched; the caller queues one task for each. Bookkeeping for the sweeper, not a
+    transition: no state changes and nothing is audited. A duplicate task is harmless (the
+    lease refuses it); this keeps a backlog from being multiplied by every sweep."""
+    now = now or clock.now()
+    qs = WorkflowRun.objects.filter(claimable(now), _undispatched(now)).order_by("next_wake_at", "pk")
+    return _dispatch(qs, limit, now)
+
+
+def outbox_dispatch(*, limit: int, now: datetime | None = None) -> list[int]:
+    """As ``runs_dispatch``, for outbox messages due for a delivery attempt."""
+    now = now or clock.now()
+    qs = OutboxMessage.objects.filter(outbox_due(now), _undispatched(now)).order_by("next_attempt_at", "pk")
+    return _dispatch(qs, limit, now)
 
 
 # --- starting a run --------------------------------------------------------------------
@@ -363,8 +397,9 @@ def run_claim(*, run_pk: int, owner: str | None = None, now: datetime | None = N
         run.lease_owner = owner
         run.lease_generation += 1
         run.next_wake_at = None
+        run.dispatched_at = None  # the queued task (if any) is consumed: the sweeper may queue another
         _renew(run, now)
-        _save_run(run, RUN_LEASE_FIELDS, now)
+        _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
         _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
         return Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation)
 
@@ -1237,8 +1272,10 @@ def outbox_claim(*, pk: int, owner: str | None = None, now: datetime | None = No
         message.claimed_by = owner or default_owner()
         message.claimed_until = now + lease_duration()
         message.claim_generation += 1
+        message.dispatched_at = None
         message.updated_at = now
-        message.save(update_fields=["attempts", "claimed_by", "claimed_until", "claim_generation", "updated_at"])
+        fields = ["attempts", "claimed_by", "claimed_until", "claim_generation", "dispatched_at", "updated_at"]
+        message.save(update_fields=fields)
         return OutboxClaim(pk=message.pk, owner=message.claimed_by, generation=message.claim_generation)
 
 

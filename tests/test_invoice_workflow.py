@@ -425,3 +425,31 @@ def test_resume_after_a_refused_message_delivers_it_once_and_completes(clock):
     assert AuditEvent.objects.get(run=run, action="resume").after["outbox_requeued"] == ["notify_approver"]
     assert faults.counts() == ONE_OF_EACH
     assert_invariants()
+
+
+def test_the_sweeper_queues_an_outbox_message_once_per_due_time_not_once_per_sweep(clock, settings, monkeypatch):
+    """Celery mode with the broker replaced by a list of what would be sent (tests/test_dispatch.py)."""
+    from recovery import tasks
+
+    settings.RECOVERY_EXECUTOR = "celery"
+    settings.RECOVERY_REDISPATCH_SECONDS = 60
+    sent = []
+    monkeypatch.setattr(tasks.advance_run, "delay", lambda pk: sent.append(("advance_run", pk)))
+    monkeypatch.setattr(tasks.publish_outbox, "delay", lambda pk: sent.append(("publish_outbox", pk)))
+    faults.set_fault("messages", "send", "unavailable")
+    run = start()
+    advance(run.pk)  # enqueues the message: one publish task queued on commit
+    message = OutboxMessage.objects.get(run=run)
+    assert sent.count(("publish_outbox", message.pk)) == 1
+    assert tasks.sweep() == 0  # it is queued already
+
+    assert publish_due() == 1  # a worker takes it: 503, a retry is due later
+    clock.advance(600)
+    assert tasks.sweep() >= 1
+    clock.advance(5)
+    tasks.sweep()
+    assert sent.count(("publish_outbox", message.pk)) == 2  # once for the retry, not once per sweep
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
