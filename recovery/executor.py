@@ -75,7 +75,9 @@ class _Plan:
     def is_last(self, step: StepExecution) -> bool:
         """Whether finishing ``step`` finishes the run (no step left, nothing in the outbox)."""
         others_done = all(s.state in DONE_STEP_STATES for s in self.steps if s.pk != step.pk)
-        return others_done and not self.undelivered().exists()
+        if not others_done:
+            return False
+        return not any(s.outbox for s in self.workflow.steps) or not self.undelivered().exists()
 
     def undelivered(self):
         return OutboxMessage.objects.filter(run_id=self.run.pk, state__in=[OutboxState.PENDING, OutboxState.FAILED])
@@ -86,8 +88,10 @@ def advance(run_pk: int, *, owner: str | None = None) -> str | None:
     let go of it, or None if the run was not claimable (someone else holds it, or it is not
     due, or it is finished)."""
     lease = transitions.run_claim(run_pk=run_pk, owner=owner)
-    if lease is None:
-        return None
+    return None if lease is None else _advance_claimed(lease)
+
+
+def _advance_claimed(lease: Lease) -> str | None:
     try:
         for _ in range(MAX_TRANSITIONS_PER_CLAIM):
             plan = _load(lease)
@@ -105,15 +109,19 @@ def advance(run_pk: int, *, owner: str | None = None) -> str | None:
         # A bug in a workflow or the engine would otherwise crash every executor that takes
         # this run over, forever. Hand it to an operator instead (if the database still
         # answers; if not, the lease expires and the run is taken over later).
-        log.exception("executor error on run %s", run_pk)
+        log.exception("executor error on run %s", lease.run_pk)
         transitions.run_review(lease=lease, reason=f"executor error: {type(exc).__name__}: {exc}"[:2000])
-    return WorkflowRun.objects.filter(pk=run_pk).values_list("state", flat=True).first()
+    seen = lease.seen.get("run")  # as this executor's last transition left it, if nobody changed it since
+    if seen is not None:
+        return seen.state
+    return WorkflowRun.objects.filter(pk=lease.run_pk).values_list("state", flat=True).first()
 
 
 def _load(lease: Lease) -> _Plan | None:
-    run = WorkflowRun.objects.filter(pk=lease.run_pk).first()
-    if run is None or run.lease_generation != lease.generation or run.state not in transitions.LEASED_RUN_STATES:
+    loaded = transitions.leased_run(lease)
+    if loaded is None:
         return None
+    run, steps = loaded
     try:
         workflow = get_workflow(run.workflow_name)
     except LookupError as exc:
@@ -126,7 +134,7 @@ def _load(lease: Lease) -> _Plan | None:
             reason=f"run started under {workflow.name} v{run.workflow_version}; v{workflow.version} is deployed",
         )
         return None
-    return _Plan(run=run, workflow=workflow, steps=list(run.steps.order_by("position")))
+    return _Plan(run=run, workflow=workflow, steps=steps)
 
 
 def _step_once(lease: Lease, plan: _Plan) -> bool:
@@ -481,11 +489,15 @@ def due_run_ids(*, now: datetime | None = None, limit: int = 100) -> list[int]:
 
 
 def run_due(*, owner: str | None = None, limit: int = 100) -> int:
-    """Advance every run due now, once. Returns how many runs this executor advanced."""
+    """Advance runs due now, longest due first, up to ``limit``; executors running this side
+    by side take different runs. Returns how many runs this executor advanced."""
     advanced = 0
-    for run_pk in due_run_ids(limit=limit):
-        if advance(run_pk, owner=owner) is not None:
-            advanced += 1
+    while advanced < limit:
+        lease = transitions.run_claim_next(owner=owner)
+        if lease is None:
+            break
+        _advance_claimed(lease)
+        advanced += 1
     return advanced
 
 

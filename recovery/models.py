@@ -51,15 +51,29 @@ class WorkflowRun(models.Model):
     # When a task for this run was last put on the broker; a claim clears it. The sweeper
     # sends another only once it is RECOVERY_REDISPATCH_SECONDS old (presumed lost).
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    # Bumped by every transition that saves the run, which every change of one of its steps
+    # does too: while it is what an executor last wrote, the executor's copy of the run and
+    # its steps is current and it need not read them again.
+    revision = models.BigIntegerField(default=0)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
-    history = HistoricalRecords(excluded_fields=["lease_expires_at", "dispatched_at"])
+    # Versions saved by people (operators, the API start); the executor's changes are in the audit trail.
+    history = HistoricalRecords(excluded_fields=["lease_expires_at", "dispatched_at", "revision"])
 
     class Meta:
         indexes = [
             models.Index(fields=["state", "next_wake_at"], name="run_due_idx"),
             models.Index(fields=["state", "lease_expires_at"], name="run_lease_idx"),
             models.Index(fields=["workflow_name", "state"], name="run_workflow_state_idx"),
+            # Executors claim the oldest due run: a short walk over the runs still in progress,
+            # however many have finished.
+            models.Index(
+                fields=["id"],
+                name="run_in_progress_idx",
+                condition=models.Q(
+                    state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING, RunState.RUNNING]
+                ),
+            ),
         ]
 
     def __str__(self) -> str:

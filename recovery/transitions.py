@@ -18,7 +18,8 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -26,7 +27,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 
-from . import clock
+from . import clock, rows
 from .errors import (
     ErrorKind,
     InvalidTransition,
@@ -118,9 +119,16 @@ DONE_STEP_STATES = frozenset({StepState.SUCCEEDED, StepState.SKIPPED})
 
 @dataclass(frozen=True)
 class Lease:
+    """An executor's claim on a run: the fencing token every executor transition checks.
+
+    ``seen`` is the executor's copy of the run and its steps as its own transitions last left
+    them (``leased_run``); it is dropped as soon as a transition finds that someone else has
+    saved the run since (``WorkflowRun.revision``)."""
+
     run_pk: int
     owner: str
     generation: int
+    seen: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def default_owner() -> str:
@@ -161,15 +169,20 @@ def _audit(
     step_name: str = "",
     reason: str = "",
 ) -> None:
-    AuditEvent.objects.create(
-        run=run,
-        step_name=step_name,
-        action=action,
-        reason=reason,
-        before=before,
-        after=after,
-        at=now,
-        **_actor_fields(actor),
+    who = _actor_fields(actor)
+    rows.insert(
+        AuditEvent,
+        {
+            "run_id": run.pk,
+            "step_name": step_name,
+            "action": action,
+            "reason": reason,
+            "before": before,
+            "after": after,
+            "at": now,
+            "actor": who["actor"],
+            "actor_user_id": who["actor_user"].pk if who["actor_user"] is not None else None,
+        },
     )
 
 
@@ -187,22 +200,64 @@ def _snap(run: WorkflowRun, step: StepExecution | None = None) -> dict[str, Any]
 
 def _history_user(obj: Any, actor: AbstractBaseUser | None) -> None:
     # django-simple-history records who made a change only when told (no request under Celery).
+    # It keeps the versions people saved; the executor's own changes are in the audit trail,
+    # and a history row per checkpoint would double the executor's writes.
     obj._history_user = actor
+    obj.skip_history_when_saving = actor is None
 
 
 RUN_LEASE_FIELDS = ["state", "lease_owner", "lease_expires_at", "lease_generation", "next_wake_at", "updated_at"]
 
 
 def _locked_run(lease: Lease) -> WorkflowRun:
-    """Lock the run and check the fencing token. Raises LeaseLost if another executor took it."""
+    """Lock the run and check the fencing token. Raises LeaseLost if another executor took it.
+
+    The run's row lock is what every writer of the run or of its steps takes first; if the
+    run's revision is the one this executor last wrote, nobody else has changed either since,
+    and ``lease.seen`` stays; otherwise it is dropped."""
     run = WorkflowRun.objects.select_for_update().filter(pk=lease.run_pk).first()
     if run is None or run.lease_generation != lease.generation or run.state not in LEASED_RUN_STATES:
+        lease.seen.clear()
         raise LeaseLost(f"lease {lease.generation} on run {lease.run_pk} is no longer held")
+    seen = lease.seen.get("run")
+    if seen is None or seen.revision != run.revision:
+        lease.seen.clear()
+    lease.seen["run"] = run  # saved by the transition, it is again what this executor last wrote
     return run
 
 
-def _locked_step(run: WorkflowRun, step_name: str) -> StepExecution:
-    return StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+def _locked_step(run: WorkflowRun, step_name: str, lease: Lease | None = None) -> StepExecution:
+    """The step, locked — or, under a lease whose copy is current, that copy: the run's lock,
+    already held, keeps every other writer of the step out."""
+    steps = lease.seen.get("steps") if lease is not None else None
+    step = steps.get(step_name) if steps else None
+    if step is None:
+        step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        if steps is not None:
+            steps[step_name] = step
+    step.run = run
+    return step
+
+
+def leased_run(lease: Lease) -> tuple[WorkflowRun, list[StepExecution]] | None:
+    """The run and its steps (in order) as the lease holder sees them: its own copy while it is
+    current, else read again (one statement, one snapshot). None if the lease is lost."""
+    run, steps = lease.seen.get("run"), lease.seen.get("steps")
+    if run is None or steps is None:
+        rows = list(StepExecution.objects.filter(run_id=lease.run_pk).select_related("run").order_by("position"))
+        if not rows:
+            run = WorkflowRun.objects.filter(pk=lease.run_pk).first()
+            if run is None:
+                return None
+        else:
+            run = rows[0].run
+        for step in rows:
+            step.run = run
+        lease.seen.update(run=run, steps={step.step_name: step for step in rows})
+        steps = lease.seen["steps"]
+    if run.lease_generation != lease.generation or run.state not in LEASED_RUN_STATES:
+        return None
+    return run, sorted(steps.values(), key=lambda s: s.position)
 
 
 @dataclass
@@ -220,34 +275,69 @@ def _leased_step(lease: Lease, step_name: str, action: str, now: datetime | None
     """One executor transition of one step: in one transaction, lock the run (fenced by the
     lease) and then the step, let the body change them, and write the audit event with the
     state before and after (plus ``change.extra``). An exception writes nothing."""
-    with transaction.atomic():
+    now = now or clock.now()
+    try:
+        with transaction.atomic():
+            run = _fenced_run(lease, now, step_name)
+            step = _locked_step(run, step_name, lease)
+            before = _snap(run, step)
+            change = _StepChange(run=run, step=step, now=now, action=action)
+            yield change
+            _audit(
+                run,
+                change.action,
+                actor=None,
+                step_name=step_name,
+                reason=change.reason,
+                before=before,
+                after={**_snap(run, step), **change.extra},
+                now=now,
+            )
+    except BaseException:
+        lease.seen.clear()  # the copy may hold changes that were rolled back
+        raise
+
+
+def _fenced_run(lease: Lease, now: datetime, step_name: str) -> WorkflowRun:
+    """Lock the run for a transition of its step ``step_name``, renew the lease and mark the
+    step as the run's current one. With a current copy (``lease.seen``) that is one fenced
+    UPDATE, which matches only while this executor holds the lease and nobody else has saved
+    the run since; otherwise ``_locked_run`` decides (LeaseLost, or a fresh copy)."""
+    changes = {"updated_at": now, "lease_expires_at": now + lease_duration(), "current_step": step_name}
+    run = lease.seen.get("run")
+    fenced = run is not None and "steps" in lease.seen
+    if fenced:
+        fence = {"lease_generation": lease.generation, "revision": run.revision, "state": LEASED_RUN_STATES}
+        fenced = rows.update(WorkflowRun, lease.run_pk, changes, **fence) == 1
+    if not fenced:
         run = _locked_run(lease)
-        step = _locked_step(run, step_name)
-        before = _snap(run, step)
-        change = _StepChange(run=run, step=step, now=now or clock.now(), action=action)
-        yield change
-        _audit(
-            run,
-            change.action,
-            actor=None,
-            step_name=step_name,
-            reason=change.reason,
-            before=before,
-            after={**_snap(run, step), **change.extra},
-            now=change.now,
-        )
+        rows.update(WorkflowRun, run.pk, changes)
+    for name, value in changes.items():
+        setattr(run, name, value)
+    return run
+
+
+def _save(obj: WorkflowRun | StepExecution, fields: set[str], actor: AbstractBaseUser | None) -> None:
+    if actor is None:
+        # The engine's own checkpoint: one UPDATE, no saved version (see _history_user).
+        rows.update(type(obj), obj.pk, {name: getattr(obj, name) for name in fields})
+    else:
+        _history_user(obj, actor)
+        obj.save(update_fields=sorted(fields))
 
 
 def _save_run(run: WorkflowRun, fields: list[str], now: datetime, actor: AbstractBaseUser | None = None) -> None:
+    """Saves of a run bump its revision: an executor holding the run sees that someone else
+    changed it (or one of its steps: whoever changes a step without holding the run's lease
+    saves the run too) and reads it again."""
     run.updated_at = now
-    _history_user(run, actor)
-    run.save(update_fields=sorted({*fields, "updated_at"}))
+    run.revision += 1
+    _save(run, {*fields, "updated_at", "revision"}, actor)
 
 
 def _save_step(step: StepExecution, fields: list[str], now: datetime, actor: AbstractBaseUser | None = None) -> None:
     step.updated_at = now
-    _history_user(step, actor)
-    step.save(update_fields=sorted({*fields, "updated_at"}))
+    _save(step, {*fields, "updated_at"}, actor)
 
 
 def _renew(run: WorkflowRun, now: datetime) -> None:
@@ -371,8 +461,11 @@ def claimable(now: datetime) -> Q:
     """Runs an executor may take now: due and unowned, or owned by a lease that expired."""
     unowned = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
     due = Q(next_wake_at__isnull=True) | Q(next_wake_at__lte=now)
-    return (Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING]) & due & unowned) | Q(
-        state=RunState.RUNNING, lease_expires_at__lte=now
+    in_progress = Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING, RunState.RUNNING])
+    # in_progress is implied by the rest; stated, it lets PostgreSQL use run_in_progress_idx.
+    return in_progress & (
+        (Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING]) & due & unowned)
+        | Q(state=RunState.RUNNING, lease_expires_at__lte=now)
     )
 
 
@@ -380,28 +473,64 @@ def run_claim(*, run_pk: int, owner: str | None = None, now: datetime | None = N
     """Take the run with a fresh lease generation, or return None if it is not claimable
     (another executor holds a live lease, it is not due, or it is finished)."""
     now = now or clock.now()
-    owner = owner or default_owner()
     with transaction.atomic():
-        qs = WorkflowRun.objects.filter(claimable(now), pk=run_pk)
-        qs = qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
-        run = qs.first()
-        if run is None:
-            return None
-        before = _snap(run)
-        takeover = run.lease_owner != ""
-        action = "lease_takeover" if takeover else "claim"
-        if takeover:
-            before["lease_owner"] = run.lease_owner
-        kind = "claim_compensation" if run.state == RunState.COMPENSATING else "claim"
-        run.state = _check(RUN_TRANSITIONS, kind, run.state, "run")
-        run.lease_owner = owner
-        run.lease_generation += 1
-        run.next_wake_at = None
-        run.dispatched_at = None  # the queued task (if any) is consumed: the sweeper may queue another
-        _renew(run, now)
-        _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
-        _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
-        return Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation)
+        return _claim(_claimable_locked(now, run_pk), owner, now)
+
+
+def run_claim_next(*, owner: str | None = None, now: datetime | None = None) -> Lease | None:
+    """Take the oldest run that is due, skipping runs another executor is claiming right now;
+    None when nothing is due."""
+    now = now or clock.now()
+    with transaction.atomic():
+        return _claim(_claimable_locked(now), owner, now)
+
+
+_SENTINEL_TIME = datetime(1970, 1, 2, tzinfo=UTC)
+
+
+@cache
+def _claim_sql(vendor: str, one_run: bool) -> tuple[str, tuple[Any, ...]]:
+    """The SQL of ``claimable()`` (locked, oldest first, one row), compiled once with a
+    placeholder time: compiling that Q costs an executor more than running the query."""
+    qs = WorkflowRun.objects.filter(claimable(_SENTINEL_TIME))
+    if one_run:
+        qs = qs.filter(pk=-1)
+    qs = qs.order_by("pk").select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
+    sql, params = qs[:1].query.sql_with_params()
+    return sql, params
+
+
+def _claimable_locked(now: datetime, run_pk: int | None = None) -> WorkflowRun | None:
+    sql, template = _claim_sql(connection.vendor, run_pk is not None)
+    sentinels = {_SENTINEL_TIME, connection.ops.adapt_datetimefield_value(_SENTINEL_TIME)}
+    at = connection.ops.adapt_datetimefield_value(now)
+    params = [at if p in sentinels else run_pk if p == -1 else p for p in template]
+    return next(iter(WorkflowRun.objects.raw(sql, params)), None)
+
+
+def _claim(run: WorkflowRun | None, owner: str | None, now: datetime) -> Lease | None:
+    if run is None:
+        return None
+    owner = owner or default_owner()
+    before = _snap(run)
+    takeover = run.lease_owner != ""
+    action = "lease_takeover" if takeover else "claim"
+    if takeover:
+        before["lease_owner"] = run.lease_owner
+    kind = "claim_compensation" if run.state == RunState.COMPENSATING else "claim"
+    run.state = _check(RUN_TRANSITIONS, kind, run.state, "run")
+    run.lease_owner = owner
+    run.lease_generation += 1
+    run.next_wake_at = None
+    run.dispatched_at = None  # the queued task (if any) is consumed: the sweeper may queue another
+    _renew(run, now)
+    _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
+    _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
+    # The executor's copy, read under the run's lock: it needs no other read while it holds the run.
+    steps = {step.step_name: step for step in StepExecution.objects.filter(run=run)}
+    for step in steps.values():
+        step.run = run
+    return Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation, seen={"run": run, "steps": steps})
 
 
 def _record_attempt(step: StepExecution, intent: dict[str, Any], request_hash: str, now: datetime) -> list[str]:
@@ -430,12 +559,9 @@ def step_begin(
     """Checkpoint the validated intent before the call (rule 5): after this commit a crash
     leaves evidence that the call may have been made."""
     with _leased_step(lease, step_name, "step_begin", now) as change:
-        run, step, now = change.run, change.step, change.now
+        step, now = change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "begin", step.state, "step")
         _save_step(step, ["state", *_record_attempt(step, intent, request_hash, now)], now)
-        run.current_step = step_name
-        _renew(run, now)
-        _save_run(run, ["current_step", "lease_expires_at"], now)
         return step
 
 
@@ -474,15 +600,11 @@ def step_succeed(
                 accepted=decision,
                 created_at=now,
             )
-        fields = ["current_step", "lease_expires_at"]
-        run.current_step = step_name
-        _renew(run, now)
         if complete_run:
             _check(RUN_TRANSITIONS, "complete", run.state, "run")
             _release_into(run, RunState.COMPLETED)
             run.current_step = ""
-            fields += RUN_LEASE_FIELDS + ["status_reason"]
-        _save_run(run, fields, now)
+            _save_run(run, [*RUN_LEASE_FIELDS, "status_reason", "current_step"], now)
         change.reason = reason
         return step
 
@@ -537,7 +659,7 @@ def step_fail(
             else:
                 outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: {error.kind} error needs review: {error.message}"
 
-            fields = ["lease_expires_at", "current_step", "status_reason"]
+            fields = ["status_reason"]
             if delay is not None:
                 step.next_attempt_at = now + timedelta(seconds=delay)
                 _check(RUN_TRANSITIONS, "wait", run.state, "run")
@@ -548,11 +670,11 @@ def step_fail(
                 _check(RUN_TRANSITIONS, "review" if outcome == RunState.NEEDS_REVIEW else "fail", run.state, "run")
                 _release_into(run, outcome, reason=why)
             _save_step(step, step_fields, now)
-            run.current_step = step_name
             _save_run(run, fields + RUN_LEASE_FIELDS, now)
             change.reason = error.message[:1000]
         if auto_compensate and outcome == RunState.FAILED and delay is None and _compensation_targets(run):
             _start_compensation(run, actor=None, reason=f"automatic: {step_name} failed permanently", now=now)
+            lease.seen.clear()  # it marked other steps: the executor's copy of them is out of date
         return step
 
 
@@ -572,9 +694,6 @@ def step_mark_unknown(
             _check(RUN_TRANSITIONS, "review", run.state, "run")
             _release_into(run, RunState.NEEDS_REVIEW, reason=f"{step_name}: outcome unknown, operator must reconcile")
             _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        else:
-            _renew(run, now)
-            _save_run(run, ["lease_expires_at"], now)
         change.reason = error.message[:1000]
         return step
 
@@ -582,12 +701,10 @@ def step_mark_unknown(
 def step_reset(*, lease: Lease, step_name: str, reason: str, now: datetime | None = None) -> StepExecution:
     """A look-up proved the unknown call never took effect: the step may be performed."""
     with _leased_step(lease, step_name, "reconciled_absent", now) as change:
-        run, step, now = change.run, change.step, change.now
+        step, now = change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "reset", step.state, "step")
         step.next_attempt_at = None
         _save_step(step, ["state", "next_attempt_at"], now)
-        _renew(run, now)
-        _save_run(run, ["lease_expires_at"], now)
         change.reason = reason
         return step
 
@@ -1111,14 +1228,11 @@ def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = N
     """Record that the compensation call is about to be made (it may be made again after a
     crash: compensations are idempotent under their own key)."""
     with _leased_step(lease, step_name, "compensation_begin", now) as change:
-        run, step, now = change.run, change.step, change.now
+        step, now = change.step, change.now
         _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
         step.compensation_attempts += 1
         step.next_attempt_at = None
         _save_step(step, ["compensation_attempts", "next_attempt_at"], now)
-        run.current_step = step_name
-        _renew(run, now)
-        _save_run(run, ["current_step", "lease_expires_at"], now)
         change.extra = {"compensation_attempts": step.compensation_attempts}
         return step
 
@@ -1131,14 +1245,11 @@ def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now:
         step.compensation_result = outcome.result
         step.compensation_restored = outcome.restored
         _save_step(step, ["state", "compensation_ref", "compensation_result", "compensation_restored"], now)
-        _renew(run, now)
-        fields = ["lease_expires_at"]
         change.extra = {"compensation_ref": outcome.remote_ref}
         if outcome.incident:
             run.incident = "\n".join(filter(None, [run.incident, outcome.incident]))
-            fields.append("incident")
+            _save_run(run, ["incident"], now)
             change.extra["incident"] = outcome.incident
-        _save_run(run, fields, now)
 
 
 def compensation_fail(
@@ -1224,7 +1335,7 @@ def step_enqueue(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run(lease)
-        step = _locked_step(run, step_name)
+        step = _locked_step(run, step_name, lease)
         before = _snap(run, step)
         step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
         message = OutboxMessage.objects.create(
@@ -1326,6 +1437,7 @@ def outbox_delivered(*, claim: OutboxClaim, outcome: Outcome, how: str, now: dat
         step.remote_ref = outcome.remote_ref
         step.result = {**(outcome.result or {}), "outbox_id": message.pk, "delivered": True}
         _save_step(step, ["remote_ref", "result"], now)
+        _save_run(run, [], now)  # a step changed: an executor holding the run reads it again
         _audit(
             run,
             "outbox_delivered",
