@@ -5,7 +5,7 @@ of those writes costs a few hundred microseconds of Python (query compilation, s
 more than the database round trip. These functions build the same statement once per model
 and column set, and adapt every value with its field's own ``get_db_prep_save``, so a row
 ends up exactly as the ORM would have written it, on SQLite as on PostgreSQL. Only
-``recovery.transitions`` calls them.
+``recovery.transitions`` calls them, on the default database.
 """
 
 from __future__ import annotations
@@ -13,46 +13,60 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connections, models
 
-
-@cache
-def _columns(model: type[models.Model], names: tuple[str, ...]) -> tuple[str, tuple[models.Field, ...]]:
-    fields = tuple(model._meta.get_field(name) for name in names)
-    return connection.ops.quote_name(model._meta.db_table), fields
-
-
-def _params(names: tuple[str, ...], fields: tuple[models.Field, ...], values: dict[str, Any]) -> list[Any]:
-    return [field.get_db_prep_save(values[name], connection) for name, field in zip(names, fields, strict=True)]
+Fields = tuple[models.Field, ...]
 
 
 def update(model: type[models.Model], pk: int, values: dict[str, Any], **fence: Any) -> int:
     """``UPDATE … SET values WHERE id = pk`` and, for each ``fence`` item, ``column = value``
-    (a tuple or frozenset value: ``column IN (…)``). Returns the number of rows changed."""
+    (a frozenset value: ``column IN (…)``). Returns the number of rows changed."""
+    connection = connections[DEFAULT_DB_ALIAS]
     names = tuple(sorted(values))
-    table, fields = _columns(model, names)
-    quote = connection.ops.quote_name
-    sets = ", ".join(f"{quote(field.column)} = %s" for field in fields)
-    where, params = [f"{quote(model._meta.pk.column)} = %s"], [*_params(names, fields, values), pk]
-    for name, value in fence.items():
-        column = quote(model._meta.get_field(name).column)
-        if isinstance(value, (tuple, frozenset, set, list)):
-            where.append(f"{column} IN ({', '.join(['%s'] * len(value))})")
-            params.extend(sorted(value))
-        else:
-            where.append(f"{column} = %s")
-            params.append(value)
+    fenced = tuple(sorted((name, len(value) if isinstance(value, frozenset) else 0) for name, value in fence.items()))
+    sql, fields = _update_sql(connection.vendor, model, names, fenced)
+    params = _params(connection, names, fields, values)
+    params.append(pk)
+    for name, _ in fenced:
+        value = fence[name]
+        params.extend(sorted(value) if isinstance(value, frozenset) else [value])
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET {sets} WHERE {' AND '.join(where)}", params)
+        cursor.execute(sql, params)
         return cursor.rowcount
 
 
 def insert(model: type[models.Model], values: dict[str, Any]) -> None:
     """``INSERT INTO … (values)``: one row, its id not read back."""
+    connection = connections[DEFAULT_DB_ALIAS]
     names = tuple(sorted(values))
-    table, fields = _columns(model, names)
-    quote = connection.ops.quote_name
+    sql, fields = _insert_sql(connection.vendor, model, names)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _params(connection, names, fields, values))
+
+
+def _params(connection, names: tuple[str, ...], fields: Fields, values: dict[str, Any]) -> list[Any]:
+    return [field.get_db_prep_save(values[name], connection) for name, field in zip(names, fields, strict=True)]
+
+
+@cache
+def _update_sql(
+    vendor: str, model: type[models.Model], names: tuple[str, ...], fence: tuple[tuple[str, int], ...]
+) -> tuple[str, Fields]:
+    quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
+    meta = model._meta
+    fields = tuple(meta.get_field(name) for name in names)
+    sets = ", ".join(f"{quote(field.column)} = %s" for field in fields)
+    where = [f"{quote(meta.pk.column)} = %s"]
+    for name, members in fence:
+        column = quote(meta.get_field(name).column)
+        where.append(f"{column} IN ({', '.join(['%s'] * members)})" if members else f"{column} = %s")
+    return f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {' AND '.join(where)}", fields
+
+
+@cache
+def _insert_sql(vendor: str, model: type[models.Model], names: tuple[str, ...]) -> tuple[str, Fields]:
+    quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
+    fields = tuple(model._meta.get_field(name) for name in names)
     columns = ", ".join(quote(field.column) for field in fields)
     placeholders = ", ".join(["%s"] * len(fields))
-    with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table} ({columns}) VALUES ({placeholders})", _params(names, fields, values))
+    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES ({placeholders})", fields

@@ -86,3 +86,23 @@ def test_two_executors_racing_for_one_run_never_both_perform_a_step(postgres_onl
     assert set(StepExecution.objects.values_list("attempts", flat=True)) == {1}
     # each step began exactly once, whichever executor held the run at the time
     assert AuditEvent.objects.filter(action="step_begin").count() == 25
+
+
+def test_executors_side_by_side_take_different_runs_and_perform_each_step_once(postgres_only, monkeypatch):
+    """The embedded executor's loop (run_due: claim the oldest due run, SKIP LOCKED) in four
+    threads over twenty runs: every run completed, every step performed once, and no run
+    claimed twice (a claim another executor already made is skipped, not retried)."""
+    from recovery.executor import run_due
+
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "*:before_call=sleep(5)")
+    for i in range(20):
+        run_start(workflow="test_orders", data={**EVENT, "order_id": f"side-{i}"})
+
+    advanced = in_threads(4, lambda i: run_due(owner=f"executor-{i}"))
+
+    assert sum(advanced) == 20
+    assert set(WorkflowRun.objects.values_list("state", flat=True)) == {"completed"}
+    assert receivers.counts() == {"task": 20, "message": 20, "ledger": 20, "model_call": 20}
+    assert set(StepExecution.objects.values_list("attempts", flat=True)) == {1}
+    assert AuditEvent.objects.filter(action="claim").count() == 20
+    assert AuditEvent.objects.filter(action="step_begin").count() == 100

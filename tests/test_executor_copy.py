@@ -1,0 +1,79 @@
+"""The executor's copy of a claimed run (Lease.seen): it saves reads and statements while the
+executor is the run's only writer, and is dropped the moment anyone else saves the run."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from recovery import transitions
+from recovery.errors import LeaseLost
+from recovery.executor import advance
+from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
+from recovery.transitions import leased_run, run_claim, run_start
+from recovery.workflow import Outcome
+from tests.support import receivers
+
+pytestmark = pytest.mark.django_db
+
+EVENT = {"tenant": "t", "order_id": "copy-1"}
+
+
+def start() -> WorkflowRun:
+    return run_start(workflow="test_orders", data=EVENT)[0]
+
+
+def test_a_step_checkpoints_in_two_transactions_of_three_statements_and_reads_nothing_in_between():
+    run = start()
+    lease = run_claim(run_pk=run.pk)
+    assert leased_run(lease) is not None  # the claim's copy: no query
+    with CaptureQueriesContext(connection) as queries:
+        transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
+        transitions.step_succeed(lease=lease, step_name="read", outcome=Outcome(result={"text": "x"}))
+        _, steps = leased_run(lease)
+    statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
+    # per transition: the fenced UPDATE of the run, the step's UPDATE, the audit INSERT
+    assert [s for s in statements if s not in ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT")] == [
+        "UPDATE",
+        "UPDATE",
+        "INSERT",
+    ] * 2, queries.captured_queries
+    assert steps[0].state == StepState.SUCCEEDED and steps[0].result == {"text": "x"}
+    run.refresh_from_db()
+    assert run.lease_expires_at is not None and run.current_step == "read"
+
+
+def test_a_run_saved_by_someone_else_is_read_again_before_the_next_checkpoint(clock):
+    run = start()
+    lease = run_claim(run_pk=run.pk)
+    # Someone else (here: a write the executor did not make) changes a step and saves the run.
+    step = run.steps.get(step_name="read")
+    step.result = {"text": "changed elsewhere"}
+    step.save(update_fields=["result"])
+    other = WorkflowRun.objects.get(pk=run.pk)
+    transitions._save_run(other, [], clock.now())
+
+    transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
+
+    _, steps = leased_run(lease)
+    assert steps[0].result == {"text": "changed elsewhere"}  # not the claim's copy
+    assert steps[0].state == StepState.RUNNING
+
+
+def test_a_terminated_run_fences_out_its_executor_even_with_a_current_copy(clock):
+    run = start()
+    lease = run_claim(run_pk=run.pk)
+    transitions.run_terminate(workflow_id=run.workflow_id, reason="duplicate invoice", actor=None)
+    audit = AuditEvent.objects.count()
+
+    with pytest.raises(LeaseLost):
+        transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
+
+    assert AuditEvent.objects.count() == audit  # nothing written
+    assert WorkflowRun.objects.get(pk=run.pk).state == RunState.TERMINATED
+    assert leased_run(lease) is None
+
+
+def test_advance_returns_the_state_it_left_the_run_in():
+    run = start()
+    assert advance(run.pk) == RunState.COMPLETED
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
