@@ -500,6 +500,14 @@ def _claim_sql(vendor: str, one_run: bool) -> tuple[str, tuple[Any, ...]]:
     return sql, params
 
 
+@cache
+def _steps_sql(vendor: str) -> str:
+    """A run's steps, in order; compiled once (one parameter: the run's id)."""
+    sql, params = StepExecution.objects.filter(run_id=-1).query.sql_with_params()
+    assert list(params) == [-1]
+    return sql
+
+
 def _claimable_locked(now: datetime, run_pk: int | None = None) -> WorkflowRun | None:
     sql, template = _claim_sql(connection.vendor, run_pk is not None)
     sentinels = {_SENTINEL_TIME, connection.ops.adapt_datetimefield_value(_SENTINEL_TIME)}
@@ -527,7 +535,7 @@ def _claim(run: WorkflowRun | None, owner: str | None, now: datetime) -> Lease |
     _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
     _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
     # The executor's copy, read under the run's lock: it needs no other read while it holds the run.
-    steps = {step.step_name: step for step in StepExecution.objects.filter(run=run)}
+    steps = {step.step_name: step for step in StepExecution.objects.raw(_steps_sql(connection.vendor), [run.pk])}
     for step in steps.values():
         step.run = run
     return Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation, seen={"run": run, "steps": steps})
