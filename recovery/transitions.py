@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cache
@@ -169,21 +170,31 @@ def _audit(
     step_name: str = "",
     reason: str = "",
 ) -> None:
-    who = _actor_fields(actor)
-    rows.insert(
-        AuditEvent,
-        {
-            "run_id": run.pk,
-            "step_name": step_name,
-            "action": action,
-            "reason": reason,
-            "before": before,
-            "after": after,
-            "at": now,
-            "actor": who["actor"],
-            "actor_user_id": who["actor_user"].pk if who["actor_user"] is not None else None,
-        },
-    )
+    rows.insert(AuditEvent, _audit_row(run, action, _actor_fields(actor), step_name, reason, before, after, now))
+
+
+def _audit_row(
+    run: WorkflowRun,
+    action: str,
+    who: dict[str, Any],
+    step_name: str,
+    reason: str,
+    before: dict,
+    after: dict,
+    now: datetime,
+) -> dict[str, Any]:
+    user = who["actor_user"]
+    return {
+        "run_id": run.pk,
+        "step_name": step_name,
+        "action": action,
+        "reason": reason,
+        "before": before,
+        "after": after,
+        "at": now,
+        "actor": who["actor"],
+        "actor_user_id": user.pk if user is not None else None,
+    }
 
 
 def _snap(run: WorkflowRun, step: StepExecution | None = None) -> dict[str, Any]:
@@ -298,6 +309,70 @@ def _leased_step(lease: Lease, step_name: str, action: str, now: datetime | None
         raise
 
 
+def _step_transition(
+    lease: Lease,
+    step_name: str,
+    action: str,
+    now: datetime | None,
+    body: Callable[[_StepChange], None],
+    *,
+    one_statement: bool = False,
+) -> StepExecution:
+    """Run ``body`` as a transition of one step (see ``_leased_step``). With ``one_statement``
+    (a body that only changes the step, and the run through ``_save_run``), on PostgreSQL,
+    under a current copy: the whole transition as one statement (``rows.checkpoint``); if
+    its fence does not match, the copy is dropped and the transition runs the ordinary way."""
+    now = now or clock.now()
+    if one_statement and connection.vendor == "postgresql":
+        step = _one_statement(lease, step_name, action, now, body)
+        if step is not None:
+            return step
+    with _leased_step(lease, step_name, action, now) as change:
+        body(change)
+        return change.step
+
+
+def _one_statement(
+    lease: Lease, step_name: str, action: str, now: datetime, body: Callable[[_StepChange], None]
+) -> StepExecution | None:
+    run, steps = lease.seen.get("run"), lease.seen.get("steps")
+    step = steps.get(step_name) if steps else None
+    if run is None or step is None:
+        return None
+    revision, before = run.revision, _snap(run, step)
+    renewal = {"updated_at": now, "lease_expires_at": now + lease_duration(), "current_step": step_name}
+    for name, value in renewal.items():
+        setattr(run, name, value)
+    change = _StepChange(run=run, step=step, now=now, action=action)
+    collected: list[tuple[WorkflowRun | StepExecution, set[str]]] = []
+    token = _COLLECTED.set(collected)
+    try:
+        try:
+            body(change)
+        finally:
+            _COLLECTED.reset(token)
+        run_fields, step_fields = set(renewal), set()
+        for obj, fields in collected:
+            assert obj is run or obj is step, "a one-statement transition saves only its run and its step"
+            (run_fields if obj is run else step_fields).update(fields)
+        after = {**_snap(run, step), **change.extra}
+        written = rows.checkpoint(
+            run.pk,
+            {name: getattr(run, name) for name in run_fields},
+            {"lease_generation": lease.generation, "revision": revision, "state": LEASED_RUN_STATES},
+            step.pk,
+            {name: getattr(step, name) for name in step_fields or {"updated_at"}},
+            _audit_row(run, action, _actor_fields(None), step_name, change.reason, before, after, now),
+        )
+    except BaseException:
+        lease.seen.clear()  # the copy holds changes that were not written
+        raise
+    if not written:
+        lease.seen.clear()  # someone else saved the run, or the lease is gone: the ordinary way decides
+        return None
+    return step
+
+
 def _fenced_run(lease: Lease, now: datetime, step_name: str) -> WorkflowRun:
     """Lock the run for a transition of its step ``step_name``, renew the lease and mark the
     step as the run's current one. With a current copy (``lease.seen``) that is one fenced
@@ -317,7 +392,17 @@ def _fenced_run(lease: Lease, now: datetime, step_name: str) -> WorkflowRun:
     return run
 
 
+# While set, the engine's own saves are collected here instead of written (_one_statement).
+_COLLECTED: ContextVar[list[tuple[WorkflowRun | StepExecution, set[str]]] | None] = ContextVar(
+    "recovery_collected_saves", default=None
+)
+
+
 def _save(obj: WorkflowRun | StepExecution, fields: set[str], actor: AbstractBaseUser | None) -> None:
+    collected = _COLLECTED.get()
+    if collected is not None and actor is None:
+        collected.append((obj, fields))
+        return
     if actor is None:
         # The engine's own checkpoint: one UPDATE, no saved version (see _history_user).
         rows.update(type(obj), obj.pk, {name: getattr(obj, name) for name in fields})
@@ -566,11 +651,14 @@ def step_begin(
 ) -> StepExecution:
     """Checkpoint the validated intent before the call (rule 5): after this commit a crash
     leaves evidence that the call may have been made."""
-    with _leased_step(lease, step_name, "step_begin", now) as change:
-        step, now = change.step, change.now
+
+
+    def body(change: _StepChange) -> None:
+        step = change.step
         step.state = _check(STEP_TRANSITIONS, "begin", step.state, "step")
-        _save_step(step, ["state", *_record_attempt(step, intent, request_hash, now)], now)
-        return step
+        _save_step(step, ["state", *_record_attempt(step, intent, request_hash, change.now)], change.now)
+
+    return _step_transition(lease, step_name, "step_begin", now, body, one_statement=True)
 
 
 def step_succeed(
@@ -588,7 +676,9 @@ def step_succeed(
     """Checkpoint the observed result as soon as the call returns. ``decision`` (a model
     step's validated proposal) is accepted in the same transaction; ``complete_run`` marks
     the run completed in it too when this was the last step."""
-    with _leased_step(lease, step_name, action, now) as change:
+
+
+    def body(change: _StepChange) -> None:
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
         step.remote_ref = outcome.remote_ref
@@ -614,7 +704,9 @@ def step_succeed(
             run.current_step = ""
             _save_run(run, [*RUN_LEASE_FIELDS, "status_reason", "current_step"], now)
         change.reason = reason
-        return step
+
+    # A decision is accepted in the same transaction: not one statement.
+    return _step_transition(lease, step_name, action, now, body, one_statement=decision is None)
 
 
 def step_fail(
