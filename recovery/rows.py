@@ -124,3 +124,91 @@ def _checkpoint_sql(
         f"INSERT INTO {quote(AuditEvent._meta.db_table)} ({columns}) SELECT {values} FROM stepped"
     )
     return sql, run_fields, step_fields, audit_fields
+
+
+def claim(
+    pick_sql: str, pick_params: list[Any], owner: str, lease_until: Any, now: Any
+) -> tuple[models.Model, list[models.Model]] | None:
+    """PostgreSQL only: a whole claim as one statement — lock the run ``pick_sql`` selects
+    (its id, state and lease owner; ``FOR UPDATE SKIP LOCKED``), give it a new lease
+    generation, write the ``claim`` (or ``lease_takeover``) audit event, and read the run and
+    its steps back. None if nothing was picked. The same transition as
+    ``transitions._claim`` writes on other databases."""
+    from .models import AuditEvent, RunState, StepExecution, WorkflowRun
+
+    connection = connections[DEFAULT_DB_ALIAS]
+    sql, run_fields, step_fields = _claim_sql(pick_sql)
+    at = WorkflowRun._meta.get_field("updated_at")
+    params = [
+        *pick_params,
+        RunState.COMPENSATING,
+        RunState.COMPENSATING,
+        RunState.RUNNING,
+        owner,
+        at.get_db_prep_save(lease_until, connection),
+        at.get_db_prep_save(now, connection),
+        AuditEvent._meta.get_field("at").get_db_prep_save(now, connection),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    if not found:
+        return None
+    split = len(run_fields)
+    run = _instance(connection, WorkflowRun, run_fields, found[0][:split])
+    steps = [_instance(connection, StepExecution, step_fields, row[split:]) for row in found if row[split] is not None]
+    return run, steps
+
+
+def _instance(connection, model: type[models.Model], fields: Fields, values: tuple[Any, ...]) -> models.Model:
+    converted = []
+    for field, value in zip(fields, values, strict=True):
+        col = field.get_col(model._meta.db_table)
+        for converter in [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]:
+            value = converter(value, col, connection)
+        converted.append(value)
+    return model.from_db(DEFAULT_DB_ALIAS, [field.attname for field in fields], converted)
+
+
+@cache
+def _claim_sql(pick_sql: str) -> tuple[str, Fields, Fields]:
+    from .models import AuditEvent, StepExecution, WorkflowRun
+
+    connection = connections[DEFAULT_DB_ALIAS]
+    quote = connection.ops.quote_name
+    run_table, step_table = quote(WorkflowRun._meta.db_table), quote(StepExecution._meta.db_table)
+    run_fields, step_fields = WorkflowRun._meta.concrete_fields, StepExecution._meta.concrete_fields
+    run_columns = ", ".join(f"claimed.{quote(f.column)}" for f in run_fields)
+    step_columns = ", ".join(f"s.{quote(f.column)}" for f in step_fields)
+    sql = f"""
+        WITH picked AS ({pick_sql}),
+        claimed AS (
+            UPDATE {run_table} AS r SET
+                "state" = CASE WHEN p."state" = %s THEN %s ELSE %s END,
+                "lease_owner" = %s,
+                "lease_generation" = r."lease_generation" + 1,
+                "next_wake_at" = NULL,
+                "dispatched_at" = NULL,
+                "lease_expires_at" = %s,
+                "updated_at" = %s,
+                "revision" = r."revision" + 1
+            FROM picked AS p WHERE r."id" = p."id"
+            RETURNING r.*, p."state" AS before_state, p."lease_owner" AS before_owner
+        ),
+        logged AS (
+            INSERT INTO {quote(AuditEvent._meta.db_table)}
+                ("run_id", "step_name", "action", "reason", "before", "after", "at", "actor", "actor_user_id")
+            SELECT "id", '',
+                CASE WHEN before_owner <> '' THEN 'lease_takeover' ELSE 'claim' END, '',
+                CASE WHEN before_owner <> ''
+                    THEN jsonb_build_object('run', before_state, 'lease_owner', before_owner)
+                    ELSE jsonb_build_object('run', before_state) END,
+                jsonb_build_object('run', "state", 'lease_owner', "lease_owner"),
+                CAST(%s AS timestamp with time zone), 'executor', NULL
+            FROM claimed
+        )
+        SELECT {run_columns}, {step_columns}
+        FROM claimed LEFT JOIN {step_table} AS s ON s."run_id" = claimed."id"
+        ORDER BY s."position"
+    """
+    return sql, tuple(run_fields), tuple(step_fields)

@@ -557,32 +557,52 @@ def claimable(now: datetime) -> Q:
 def run_claim(*, run_pk: int, owner: str | None = None, now: datetime | None = None) -> Lease | None:
     """Take the run with a fresh lease generation, or return None if it is not claimable
     (another executor holds a live lease, it is not due, or it is finished)."""
-    now = now or clock.now()
-    with transaction.atomic():
-        return _claim(_claimable_locked(now, run_pk), owner, now)
+    return _claim_one(owner, now or clock.now(), run_pk)
 
 
 def run_claim_next(*, owner: str | None = None, now: datetime | None = None) -> Lease | None:
     """Take the oldest run that is due, skipping runs another executor is claiming right now;
     None when nothing is due."""
-    now = now or clock.now()
+    return _claim_one(owner, now or clock.now())
+
+
+def _claim_one(owner: str | None, now: datetime, run_pk: int | None = None) -> Lease | None:
+    owner = owner or default_owner()
+    if connection.vendor == "postgresql":
+        # One statement (rows.claim): the same transition as _claim, in one round trip.
+        sql, params = _pick_sql(connection.vendor, run_pk is not None, ("id", "state", "lease_owner"))
+        claimed = rows.claim(sql, _pick_params(params, now, run_pk), owner, now + lease_duration(), now)
+        if claimed is None:
+            return None
+        run, steps = claimed
+        return _lease(run, {step.step_name: step for step in steps})
     with transaction.atomic():
-        return _claim(_claimable_locked(now), owner, now)
+        sql, params = _pick_sql(connection.vendor, run_pk is not None)
+        run = next(iter(WorkflowRun.objects.raw(sql, _pick_params(params, now, run_pk))), None)
+        return _claim(run, owner, now)
 
 
 _SENTINEL_TIME = datetime(1970, 1, 2, tzinfo=UTC)
 
 
 @cache
-def _claim_sql(vendor: str, one_run: bool) -> tuple[str, tuple[Any, ...]]:
+def _pick_sql(vendor: str, one_run: bool, columns: tuple[str, ...] = ()) -> tuple[str, tuple[Any, ...]]:
     """The SQL of ``claimable()`` (locked, oldest first, one row), compiled once with a
     placeholder time: compiling that Q costs an executor more than running the query."""
     qs = WorkflowRun.objects.filter(claimable(_SENTINEL_TIME))
     if one_run:
         qs = qs.filter(pk=-1)
     qs = qs.order_by("pk").select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
-    sql, params = qs[:1].query.sql_with_params()
-    return sql, params
+    if columns:
+        qs = qs.values(*columns)
+    with transaction.atomic():  # Django compiles FOR UPDATE only inside a transaction; nothing runs here
+        return qs[:1].query.sql_with_params()
+
+
+def _pick_params(template: tuple[Any, ...], now: datetime, run_pk: int | None) -> list[Any]:
+    sentinels = {_SENTINEL_TIME, connection.ops.adapt_datetimefield_value(_SENTINEL_TIME)}
+    at = connection.ops.adapt_datetimefield_value(now)
+    return [at if p in sentinels else run_pk if p == -1 else p for p in template]
 
 
 @cache
@@ -593,18 +613,17 @@ def _steps_sql(vendor: str) -> str:
     return sql
 
 
-def _claimable_locked(now: datetime, run_pk: int | None = None) -> WorkflowRun | None:
-    sql, template = _claim_sql(connection.vendor, run_pk is not None)
-    sentinels = {_SENTINEL_TIME, connection.ops.adapt_datetimefield_value(_SENTINEL_TIME)}
-    at = connection.ops.adapt_datetimefield_value(now)
-    params = [at if p in sentinels else run_pk if p == -1 else p for p in template]
-    return next(iter(WorkflowRun.objects.raw(sql, params)), None)
+def _lease(run: WorkflowRun, steps: dict[str, StepExecution]) -> Lease:
+    for step in steps.values():
+        step.run = run
+    return Lease(
+        run_pk=run.pk, owner=run.lease_owner, generation=run.lease_generation, seen={"run": run, "steps": steps}
+    )
 
 
-def _claim(run: WorkflowRun | None, owner: str | None, now: datetime) -> Lease | None:
+def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
     if run is None:
         return None
-    owner = owner or default_owner()
     before = _snap(run)
     takeover = run.lease_owner != ""
     action = "lease_takeover" if takeover else "claim"
@@ -620,10 +639,9 @@ def _claim(run: WorkflowRun | None, owner: str | None, now: datetime) -> Lease |
     _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
     _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
     # The executor's copy, read under the run's lock: it needs no other read while it holds the run.
-    steps = {step.step_name: step for step in StepExecution.objects.raw(_steps_sql(connection.vendor), [run.pk])}
-    for step in steps.values():
-        step.run = run
-    return Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation, seen={"run": run, "steps": steps})
+    return _lease(
+        run, {step.step_name: step for step in StepExecution.objects.raw(_steps_sql(connection.vendor), [run.pk])}
+    )
 
 
 def _record_attempt(step: StepExecution, intent: dict[str, Any], request_hash: str, now: datetime) -> list[str]:
@@ -652,7 +670,6 @@ def step_begin(
     """Checkpoint the validated intent before the call (rule 5): after this commit a crash
     leaves evidence that the call may have been made."""
 
-
     def body(change: _StepChange) -> None:
         step = change.step
         step.state = _check(STEP_TRANSITIONS, "begin", step.state, "step")
@@ -676,7 +693,6 @@ def step_succeed(
     """Checkpoint the observed result as soon as the call returns. ``decision`` (a model
     step's validated proposal) is accepted in the same transaction; ``complete_run`` marks
     the run completed in it too when this was the last step."""
-
 
     def body(change: _StepChange) -> None:
         run, step, now = change.run, change.step, change.now

@@ -76,3 +76,32 @@ def test_advance_returns_the_state_it_left_the_run_in():
     run = start()
     assert advance(run.pk) == RunState.COMPLETED
     assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+
+
+def test_a_claim_and_a_takeover_are_audited_alike_on_every_database(clock):
+    """PostgreSQL claims in one statement (rows.claim), other databases in a transaction
+    (transitions._claim): the same rows either way."""
+    run = start()
+    first = run_claim(run_pk=run.pk, owner="first")
+    clock.advance(60)  # its lease expires: the next claim takes the run over
+    second = run_claim(run_pk=run.pk, owner="second")
+
+    assert (first.generation, second.generation) == (1, 2)
+    claim, takeover = run.audit_events.filter(action__in=["claim", "lease_takeover"]).order_by("id")
+    assert (claim.action, claim.actor, claim.before, claim.after) == (
+        "claim",
+        "executor",
+        {"run": "pending"},
+        {"run": "running", "lease_owner": "first"},
+    )
+    assert (takeover.action, takeover.before, takeover.after) == (
+        "lease_takeover",
+        {"run": "running", "lease_owner": "first"},
+        {"run": "running", "lease_owner": "second"},
+    )
+    assert takeover.at == clock.now()
+    run.refresh_from_db()
+    assert (run.state, run.lease_owner, run.lease_generation) == ("running", "second", 2)
+    assert run.lease_expires_at > clock.now() and run.next_wake_at is None and run.dispatched_at is None
+    _, steps = leased_run(second)
+    assert [s.step_name for s in steps] == ["read", "decide", "create_task", "notify", "post_entry"]
