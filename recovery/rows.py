@@ -44,8 +44,18 @@ def insert(model: type[models.Model], values: dict[str, Any]) -> None:
         cursor.execute(sql, _params(connection, names, fields, values))
 
 
+_PLAIN = (str, int, bool, type(None))
+
+
 def _params(connection, names: tuple[str, ...], fields: Fields, values: dict[str, Any]) -> list[Any]:
-    return [field.get_db_prep_save(values[name], connection) for name, field in zip(names, fields, strict=True)]
+    params = []
+    for name, field in zip(names, fields, strict=True):
+        value = values[name]
+        # A string, a number or None goes to any column but JSON as it is; the rest (dates,
+        # JSON documents) is adapted by the field, as the ORM would.
+        plain = type(value) in _PLAIN and not isinstance(field, models.JSONField)
+        params.append(value if plain else field.get_db_prep_save(value, connection))
+    return params
 
 
 @cache
@@ -161,13 +171,24 @@ def claim(
 
 
 def _instance(connection, model: type[models.Model], fields: Fields, values: tuple[Any, ...]) -> models.Model:
-    converted = []
-    for field, value in zip(fields, values, strict=True):
-        col = field.get_col(model._meta.db_table)
-        for converter in [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]:
-            value = converter(value, col, connection)
-        converted.append(value)
+    """A model instance from a row, with the values converted as the ORM's own reads would."""
+    converted = list(values)
+    for index, col, converters in _converters(connection.vendor, model, fields):
+        for converter in converters:
+            converted[index] = converter(converted[index], col, connection)
     return model.from_db(DEFAULT_DB_ALIAS, [field.attname for field in fields], converted)
+
+
+@cache
+def _converters(vendor: str, model: type[models.Model], fields: Fields) -> list[tuple[int, Any, list[Any]]]:
+    connection = connections[DEFAULT_DB_ALIAS]
+    found = []
+    for index, field in enumerate(fields):
+        col = field.get_col(model._meta.db_table)
+        converters = [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]
+        if converters:
+            found.append((index, col, converters))
+    return found
 
 
 @cache
