@@ -1,0 +1,727 @@
+"""Executor throughput: our engine's embedded executor against DBOS Transact, a plain Celery chain and
+a two-commits-per-step psycopg loop, on the same PostgreSQL, with 1, 2 and 4 worker processes.
+
+    .venv/bin/pip install -e '.[bench]'      # dbos (pinned in pyproject.toml's bench extra)
+    .venv/bin/python bench/executor.py       # the figures: 2,000 workflows, workers 1,2,4, 3 repetitions
+    .venv/bin/python bench/executor.py --quick                   # 500 workflows, one repetition
+    .venv/bin/python bench/executor.py --workflows 1000 --workers 2 --repeat 5 --only ours,dbos
+
+Workload: M workflows (``--workflows``) of three side-effecting steps; each step inserts one row
+keyed by its idempotency key (the engine's ``sha256(workflow_id:step:v1)``) into
+``bench_effect(key text primary key, run, step, at)`` with ``ON CONFLICT (key) DO NOTHING``. Every
+measurement ends by checking that the table holds exactly 3*M rows and, for the durable
+contenders, that all M workflows completed. Steps/s is 3*M over the wall time from the moment
+every worker process is ready (started, connected, set up) and told to go, until the last one
+has done its share; process start-up and teardown are not timed.
+
+The contenders, each with N worker processes (``--workers``, default 1,2,4):
+
+ours     The production code path: M runs started in bulk with ``recovery.transitions.run_start``
+         *before* timing, once per invocation into a template database (that time, one process,
+         is printed under the table and is not in steps/s), then N OS processes, each calling
+         ``recovery.executor.run_forever(until_idle=True, poll_seconds=0.05)`` after
+         ``django.setup()``, i.e. ``manage.py run_executor --until-idle --poll 0.05`` without
+         Django's start-up inside the timing, until nothing is due. The workflow is
+         ``bench/executor_workflow.py``, registered with
+         ``RECOVERY_WORKFLOW_MODULES=workflows.registry,bench.executor_workflow``; its steps insert on
+         Django's connection, outside any transaction. Children run with DJANGO_DEBUG=0 (no query
+         log) and DATABASE_CONN_MAX_AGE=60; the embedded sandbox database is a temporary SQLite file.
+dbos     DBOS Transact (the ``dbos`` package, 3.x): a ``@DBOS.workflow`` calling three
+         ``@DBOS.step`` s. Steps, not transactions: DBOS 3 removed ``@DBOS.transaction`` with the
+         application database (its successor, a datasource transaction, runs SERIALIZABLE and
+         commits the checkpoint in the row's transaction), and our engine's step is an ordinary
+         call that makes an idempotent effect under a key, which is exactly a DBOS step; each
+         step inserts on an autocommit connection of its own. Several processes: each of the N
+         processes launches DBOS on the same system database (its own executor id) and runs its
+         share of the M workflows (``i ≡ k mod N``) by calling the workflow function directly,
+         one at a time, as our executor runs one run at a time. So DBOS's workflow start (its
+         status row) is inside the timing, where ours is not. A DBOS queue was not used: its
+         workers poll (default every second) and take at most ``worker_concurrency`` workflows
+         per poll, which measures the polling interval rather than the engine. DBOS runs with
+         its defaults, including ``pool_pre_ping``: SQLAlchemy pings each connection it checks
+         out with an autocommitted ``SELECT 1``, one more commit per DBOS transaction.
+celery   A chain of three tasks doing the same inserts, no durability (early acks, no result
+         backend), on a Redis of the bench's own (``redis-server --port <free> --bind 127.0.0.1
+         --save '' --appendonly no``, stopped at the end). One ``celery worker -c N`` (prefork:
+         N pool processes and their parent). The M chains are enqueued before timing while the
+         worker consumes only an empty queue; timing starts with ``add_consumer`` and stops
+         when the parent, polling ``count(*)``, sees 3*M rows.
+ceiling  A plain psycopg loop, N processes, two commits per step: INSERT the intent into
+         ``bench_checkpoint`` and COMMIT; then the effect INSERT and the outcome UPDATE, COMMIT.
+
+Transactions: every contender gets a fresh database per measurement (cloned from a template that
+holds its schema and, for ours, the started runs), so ``pg_stat_database`` counts that database
+alone. ``xact_commit`` and ``xact_rollback`` are read before ``go`` and after the last backend
+on the database has gone, each read after ``pg_stat_clear_snapshot()``. Statistics reach the
+shared counters asynchronously (a busy backend flushes at most once a second, an idle one after
+ten seconds, an exiting one at once), so each worker runs ``pg_stat_force_next_flush()`` on its
+connections before it says ready, which puts its set-up before the first read, and the second
+read waits until ``pg_stat_activity`` shows no client backend on the database (a backend
+flushes before it leaves it). DBOS's background threads keep some pooled connections checked
+out; a DBOS worker waits 2.5 s after launch so that their set-up is flushed too. Their steady
+work (queue, scheduler and notification polling, with pre-pings: about a dozen transactions a
+second per process) is part of DBOS's cost and stays in; the boundaries can shift about one
+second of it. The Celery poller's own queries (one unprepared, autocommitted transaction each)
+are counted and subtracted. psycopg's server-side prepare of a statement run five times on a
+connection is one more transaction, once per connection and statement: kept, as a real cost.
+Autovacuum may add a few transactions.
+
+``pg commits/step`` is xact_commit / (3*M), reads included: Django runs in autocommit, so each
+query outside ``atomic()`` is a transaction of its own. ``commits_per_step`` (ours only) is the
+engine's share: (commits - 3*M) / (3*M), the 3*M being the effect inserts, each autocommitted
+on its own (one per step). The ceiling's is 2. ``worker CPU ms/step`` is the CPU time of the
+worker processes (all their threads, not PostgreSQL's) from ``go`` to ``done``, per step: with
+steps/s it tells a contender that waits on the database from one that computes (not measured
+for Celery's pool processes).
+
+Output: progress on stderr; on stdout a table (median and min–max over ``--repeat`` repetitions
+per contender and worker count), the ratios ours/other of the medians, and, as the last line,
+one JSON object with the 2-worker medians (or the first measured worker count without 2).
+
+Isolation: only the *server* of ``--database-url`` (default DATABASE_URL, else
+postgres://postgres@127.0.0.1:5432/postgres) is used, through its ``postgres`` maintenance
+database; every database the bench makes is called ``bench_executor_<pid>_…``, and all are
+dropped (``DROP DATABASE … WITH (FORCE)``) at the end, also on failure. Every child runs in its
+own process group and is stopped at the end; every server binds 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import select
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the ``bench`` namespace package, also when run as bench/executor.py
+from bench.executor_workers import FLUSH_STATS  # noqa: E402
+
+PY = sys.executable
+CONTENDERS = ("ours", "dbos", "celery", "ceiling")
+DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+EFFECT_TABLE = (
+    "CREATE TABLE bench_effect (key text PRIMARY KEY, run text NOT NULL, step text NOT NULL, "
+    "at timestamptz NOT NULL DEFAULT now())"
+)
+CHECKPOINT_TABLE = (
+    "CREATE TABLE bench_checkpoint (key text PRIMARY KEY, run text NOT NULL, step text NOT NULL, "
+    "state text NOT NULL, remote_ref text, updated_at timestamptz NOT NULL DEFAULT now())"
+)
+COUNT_EFFECTS = "SELECT count(*) FROM bench_effect"
+# Per durable contender: (finished workflows, all workflows).
+FINISHED = {
+    "ours": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
+    "dbos": "SELECT count(*) FILTER (WHERE status = 'SUCCESS'), count(*) FROM dbos.workflow_status",
+    "ceiling": "SELECT count(*) FILTER (WHERE succeeded = 3), count(*) FROM "
+    "(SELECT count(*) FILTER (WHERE state = 'succeeded') AS succeeded FROM bench_checkpoint GROUP BY run) AS runs",
+}
+CELERY_POLL_SECONDS = 0.02
+
+
+class BenchError(Exception):
+    pass
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+# --- measurements ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    contender: str
+    workers: int
+    seconds: float
+    steps: int
+    commits: int
+    rollbacks: int
+    worker_cpu: float | None  # CPU seconds of the worker processes (not PostgreSQL's), None for Celery
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds
+
+    @property
+    def commits_per_step(self) -> float:
+        return self.commits / self.steps
+
+    @property
+    def rollbacks_per_step(self) -> float:
+        return self.rollbacks / self.steps
+
+    @property
+    def cpu_ms_per_step(self) -> float | None:
+        return None if self.worker_cpu is None else 1000 * self.worker_cpu / self.steps
+
+    @property
+    def engine_commits_per_step(self) -> float | None:
+        """Ours only: the commits besides the one autocommitted effect insert of each step."""
+        return (self.commits - self.steps) / self.steps if self.contender == "ours" else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    samples: list[Sample]
+
+    def median(self, metric: Callable[[Sample], Any]) -> float:
+        return statistics.median(metric(s) for s in self.samples)
+
+    def spread(self, metric: Callable[[Sample], float]) -> tuple[float, float]:
+        values = [metric(s) for s in self.samples]
+        return min(values), max(values)
+
+
+# --- child processes -------------------------------------------------------------------
+
+
+class Child:
+    """A process in its own group, stdin/stdout piped for the ready/go/done protocol, stderr to a log file."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path):
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        with self.log_path.open("wb") as stderr:
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        self._buffer = b""
+
+    def expect(self, word: str, deadline: float) -> str:
+        """Read stdout lines until one starts with ``word``; returns that line."""
+        while True:
+            line = self._next_line(deadline)
+            if line.split(maxsplit=1)[:1] == [word]:
+                return line
+
+    def _next_line(self, deadline: float) -> str:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BenchError(f"{self.name}: no answer in time{self.log_tail()}")
+            if select.select([fd], [], [], remaining)[0]:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    raise BenchError(f"{self.name}: exited with {self.proc.wait()}{self.log_tail()}")
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def send(self, word: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{word}\n".encode())
+        self.proc.stdin.flush()
+
+    def wait(self, timeout: float) -> None:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"{self.name}: did not exit in time{self.log_tail()}") from None
+        if code != 0:
+            raise BenchError(f"{self.name}: exited with {code}{self.log_tail()}")
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc.returncode is not None:
+            return  # reaped already, after it exited by itself: its group id may belong to someone else now
+        self._signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self._signal(signal.SIGKILL)
+            self.proc.wait()
+        self._signal(signal.SIGKILL)  # members left (a group id is not reused while one lives)
+
+    def _signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()[-15:]
+        return "".join(f"\n    {line}" for line in lines)
+
+
+class Children:
+    """Every child the bench starts, so that all of them are stopped at the end."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self._all: list[Child] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> Child:
+        child = Child(name, argv, env, self.log_dir)
+        self._all.append(child)
+        return child
+
+    def stop_all(self) -> None:
+        for child in self._all:
+            child.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- the PostgreSQL server -------------------------------------------------------------
+
+
+class Server:
+    """Throw-away databases on one PostgreSQL server, administered through its ``postgres`` database."""
+
+    def __init__(self, url: str):
+        parts = urlsplit(url)
+        if parts.scheme not in ("postgres", "postgresql"):
+            raise BenchError(f"--database-url must be a PostgreSQL URL, not {parts.scheme!r}")
+        self._parts = parts
+        self.admin = psycopg.connect(self.url("postgres"), autocommit=True)
+        self.prefix = f"bench_executor_{os.getpid()}"
+        self._created: list[str] = []
+
+    def url(self, database: str) -> str:
+        return urlunsplit(self._parts._replace(path=f"/{database}", query="", fragment=""))
+
+    def version(self) -> str:
+        return self.admin.execute("SHOW server_version").fetchone()[0]
+
+    def create(self, name: str, *, template: str | None = None) -> str:
+        database = f"{self.prefix}_{name}"
+        self._created.append(database)
+        clause = f' TEMPLATE "{template}"' if template else ""
+        self.admin.execute(f'CREATE DATABASE "{database}"{clause}')
+        return database
+
+    def drop(self, database: str) -> None:
+        self.admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        self._created.remove(database)
+
+    def drop_all(self) -> None:
+        for database in list(self._created):
+            self.drop(database)
+
+    def wait_idle(self, database: str, timeout: float = 60.0) -> None:
+        """Until no client backend is connected to ``database``: each has flushed its statistics."""
+        deadline = time.monotonic() + timeout
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'"
+        while self.admin.execute(query, [database]).fetchone()[0]:
+            if time.monotonic() > deadline:
+                raise BenchError(f"connections to {database} still open after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def wait_flushed(self, database: str, backends: int, timeout: float = 60.0) -> None:
+        """Until ``backends`` connections to ``database`` are idle after ``FLUSH_STATS``: a backend
+        flushes its statistics before it reports itself idle."""
+        deadline = time.monotonic() + timeout
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND state = 'idle' AND query = %s"
+        while self.admin.execute(query, [database, FLUSH_STATS]).fetchone()[0] < backends:
+            if time.monotonic() > deadline:
+                raise BenchError(f"fewer than {backends} connections to {database} ready after {timeout:.0f} s")
+            time.sleep(0.05)
+
+    def xacts(self, database: str) -> tuple[int, int]:
+        self.admin.execute("SELECT pg_stat_clear_snapshot()")
+        row = self.admin.execute(
+            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s", [database]
+        ).fetchone()
+        return int(row[0] or 0), int(row[1] or 0)
+
+    def execute(self, database: str, *statements: str) -> None:
+        with psycopg.connect(self.url(database), autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)
+
+
+# --- the bench -------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    server: Server
+    children: Children
+    workflows: int
+    tmp: Path
+    broker_url: str = ""
+
+    @property
+    def steps(self) -> int:
+        return 3 * self.workflows
+
+    def deadline(self) -> float:
+        """A hang guard, far above any plausible measurement."""
+        return time.monotonic() + 120 + self.workflows
+
+    def django_env(self, database: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DJANGO_DEBUG": "0",
+            "DJANGO_SECRET_KEY": "bench-executor",
+            "DATABASE_URL": self.server.url(database),
+            "SANDBOX_DATABASE_URL": f"sqlite:///{self.tmp / 'sandbox.sqlite3'}",
+            "DATABASE_CONN_MAX_AGE": "60",
+            "RECOVERY_EXECUTOR": "embedded",
+            "RECOVERY_WORKFLOW_MODULES": "workflows.registry,bench.executor_workflow",
+        }
+
+    # templates: one per contender and invocation, cloned for every measurement
+
+    def template_ours(self) -> tuple[str, float]:
+        """Migrated, with the effect table and M runs started; returns it and the start's seconds."""
+        template = self.server.create("ours_template")
+        env = self.django_env(template)
+        log("ours: migrating the engine's template database")
+        subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+        self.server.execute(template, EFFECT_TABLE)
+        log(f"ours: starting {self.workflows} runs with run_start (one process, not timed)")
+        starter = self.children.start(
+            "ours-start", [PY, "-m", "bench.executor_workers", "start", *self._workflows_arg()], env
+        )
+        seconds = float(starter.expect("started", self.deadline()).split()[1])
+        starter.wait(60)
+        self.server.execute(template, "VACUUM ANALYZE")
+        self.server.wait_idle(template)
+        return template, seconds
+
+    def template_dbos(self) -> str:
+        from dbos import DBOS
+
+        template = self.server.create("dbos_template")
+        DBOS.migrate(self.server.url(template))
+        self.server.execute(template, EFFECT_TABLE, "VACUUM ANALYZE")
+        self.server.wait_idle(template)
+        return template
+
+    def template_plain(self, contender: str, *tables: str) -> str:
+        template = self.server.create(f"{contender}_template")
+        self.server.execute(template, *tables)
+        return template
+
+    # measurements
+
+    def measure(self, contender: str, template: str, workers: int, rep: int) -> Sample:
+        database = self.server.create(f"{contender}_w{workers}_r{rep}", template=template)
+        try:
+            if contender == "celery":
+                seconds, commits, rollbacks, cpu = *self._run_celery(database, workers, rep), None
+            else:
+                seconds, commits, rollbacks, cpu = self._run_processes(contender, database, workers, rep)
+            self._verify(contender, database)
+        finally:
+            self.server.drop(database)
+        return Sample(contender, workers, seconds, self.steps, commits, rollbacks, cpu)
+
+    def _run_processes(self, contender: str, database: str, workers: int, rep: int) -> tuple[float, int, int, float]:
+        env = self.django_env(database) if contender == "ours" else dict(os.environ)
+        procs = [
+            self.children.start(
+                f"{contender}-w{workers}-r{rep}-{k}", self._worker_argv(contender, database, k, workers), env
+            )
+            for k in range(workers)
+        ]
+        deadline = self.deadline()
+        for proc in procs:
+            proc.expect("ready", deadline)
+        before = self.server.xacts(database)
+        began = time.perf_counter()
+        for proc in procs:
+            proc.send("go")
+        cpu = sum(float(proc.expect("done", deadline).split()[1]) for proc in procs)
+        seconds = time.perf_counter() - began
+        for proc in procs:
+            proc.wait(60)
+        self.server.wait_idle(database)
+        after = self.server.xacts(database)
+        return seconds, after[0] - before[0], after[1] - before[1], cpu
+
+    def _worker_argv(self, contender: str, database: str, index: int, workers: int) -> list[str]:
+        argv = [PY, "-m", "bench.executor_workers", contender]
+        if contender == "ours":
+            return argv
+        return [
+            *argv,
+            "--dsn",
+            self.server.url(database),
+            "--index",
+            str(index),
+            "--workers",
+            str(workers),
+            *self._workflows_arg(),
+        ]
+
+    def _workflows_arg(self) -> list[str]:
+        return ["--workflows", str(self.workflows)]
+
+    def _run_celery(self, database: str, workers: int, rep: int) -> tuple[float, int, int]:
+        from bench import executor_celery
+
+        executor_celery.app.conf.broker_url = self.broker_url  # the parent enqueues and controls
+        worker, node = self._start_celery_worker(database, workers, rep)
+        deadline = self.deadline()
+        for i in range(self.workflows):
+            executor_celery.workflow(i).apply_async()  # queued; the worker consumes only the parked queue
+        with psycopg.connect(self.server.url(database), autocommit=True) as poller:
+            poller.execute(FLUSH_STATS)
+            self.server.wait_flushed(database, workers + 1)  # the pool processes and the poller
+            before = self.server.xacts(database)
+            began = time.perf_counter()
+            executor_celery.app.control.add_consumer(executor_celery.QUEUE, destination=[node], reply=True, timeout=5)
+            polls = 1
+            # Unprepared: psycopg's server-side prepare would be one more transaction.
+            while poller.execute(COUNT_EFFECTS, prepare=False).fetchone()[0] < self.steps:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"Celery did not write {self.steps} rows in time{worker.log_tail()}")
+                time.sleep(CELERY_POLL_SECONDS)
+                polls += 1
+            seconds = time.perf_counter() - began
+        worker.stop()
+        self.server.wait_idle(database)
+        after = self.server.xacts(database)
+        return seconds, after[0] - before[0] - polls, after[1] - before[1]
+
+    def _start_celery_worker(self, database: str, workers: int, rep: int) -> tuple[Child, str]:
+        """One prefork worker with ``workers`` pool processes, consuming only an empty queue; returns
+        it once it answers a ping, with its node name."""
+        from bench import executor_celery
+
+        node = f"bench{rep}w{workers}@{socket.gethostname()}"
+        parked = f"{executor_celery.QUEUE}_parked"
+        argv = [PY, "-m", "celery", "-A", "bench.executor_celery", "worker", "-P", "prefork", "-c", str(workers)]
+        argv += ["-Q", parked, "-n", node, "-l", "WARNING", "--without-gossip", "--without-mingle"]
+        env = {**os.environ, "BENCH_BROKER_URL": self.broker_url, "BENCH_EFFECT_DSN": self.server.url(database)}
+        worker = self.children.start(f"celery-w{workers}-r{rep}", argv, env)
+        deadline = time.monotonic() + 60
+        while not executor_celery.app.control.ping(destination=[node], timeout=0.5):
+            if time.monotonic() > deadline or worker.proc.poll() is not None:
+                raise BenchError(f"the Celery worker did not answer{worker.log_tail()}")
+        return worker, node
+
+    def _verify(self, contender: str, database: str) -> None:
+        with psycopg.connect(self.server.url(database), autocommit=True) as conn:
+            rows = conn.execute(COUNT_EFFECTS).fetchone()[0]
+            if rows != self.steps:
+                raise BenchError(f"{contender}: {rows} rows in bench_effect, expected {self.steps}")
+            if contender in FINISHED:
+                finished, total = conn.execute(FINISHED[contender]).fetchone()
+                if finished != self.workflows or total != self.workflows:
+                    raise BenchError(
+                        f"{contender}: {finished} of {total} workflows finished, expected {self.workflows}"
+                    )
+
+
+@contextmanager
+def redis_server(children: Children) -> Iterator[str]:
+    if not shutil.which("redis-server"):
+        raise BenchError("the Celery contender needs redis-server on PATH (apt-get install redis-server)")
+    import redis
+
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    server = children.start("redis", argv, dict(os.environ))
+    client = redis.Redis(host="127.0.0.1", port=port)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise BenchError(f"redis-server did not start{server.log_tail()}") from None
+            time.sleep(0.05)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        server.stop()
+
+
+# --- report ----------------------------------------------------------------------------
+
+
+def report(samples: list[Sample], args: argparse.Namespace, machine: str, start_seconds: float | None) -> None:
+    groups: dict[tuple[str, int], Summary] = {}
+    for sample in samples:
+        groups.setdefault((sample.contender, sample.workers), Summary([])).samples.append(sample)
+
+    print(f"executor benchmark: {args.workflows} workflows x 3 steps, median (min-max) of {args.repeat} run(s)")
+    print(machine)
+    print(
+        f"{'contender':<10}{'workers':>8}{'steps/s':>10}  {'min-max':<15}{'pg commits/step':>16}"
+        f"{'rollbacks/step':>15}{'commits_per_step':>17}{'worker CPU ms/step':>20}"
+    )
+    for (contender, workers), summary in sorted(groups.items(), key=lambda g: (CONTENDERS.index(g[0][0]), g[0][1])):
+        low, high = summary.spread(lambda s: s.steps_per_s)
+        print(
+            f"{contender:<10}{workers:>8}{summary.median(lambda s: s.steps_per_s):>10.1f}  "
+            f"{f'{low:.1f}-{high:.1f}':<15}{_cell(summary, lambda s: s.commits_per_step):>16}"
+            f"{_cell(summary, lambda s: s.rollbacks_per_step):>15}"
+            f"{_cell(summary, lambda s: s.engine_commits_per_step):>17}"
+            f"{_cell(summary, lambda s: s.cpu_ms_per_step):>20}"
+        )
+    for workers in args.workers:
+        ratios = [
+            f"ours/{other} {ratio:.2f}"
+            for other in CONTENDERS[1:]
+            if (ratio := _ratio(groups, workers, other)) is not None
+        ]
+        if ratios:
+            print(f"ratios of medians, {workers} worker(s): " + ", ".join(ratios))
+    if start_seconds is not None:
+        print(
+            f"ours: run_start of {args.workflows} runs, one process, before timing: {start_seconds:.1f} s "
+            f"({args.workflows / start_seconds:.0f} runs/s)"
+        )
+    print(json.dumps(summary_json(groups, args, start_seconds)))
+
+
+def _cell(summary: Summary, metric: Callable[[Sample], float | None]) -> str:
+    """The median of ``metric`` to two decimals, or "-" where it does not apply."""
+    if any(metric(s) is None for s in summary.samples):
+        return "-"
+    return f"{summary.median(metric):.2f}"
+
+
+def _median_rate(groups: dict[tuple[str, int], Summary], contender: str, workers: int) -> float | None:
+    summary = groups.get((contender, workers))
+    return summary.median(lambda s: s.steps_per_s) if summary else None
+
+
+def _ratio(groups: dict[tuple[str, int], Summary], workers: int, other: str) -> float | None:
+    ours, theirs = _median_rate(groups, "ours", workers), _median_rate(groups, other, workers)
+    return ours / theirs if ours and theirs else None
+
+
+def summary_json(
+    groups: dict[tuple[str, int], Summary], args: argparse.Namespace, start_seconds: float | None
+) -> dict[str, Any]:
+    workers = 2 if 2 in args.workers else args.workers[0]
+
+    def median(contender: str, metric: Callable[[Sample], Any]) -> float | None:
+        summary = groups.get((contender, workers))
+        return round(summary.median(metric), 3) if summary else None
+
+    def ratio(other: str) -> float | None:
+        value = _ratio(groups, workers, other)
+        return round(value, 3) if value is not None else None
+
+    result: dict[str, Any] = {
+        "workers": workers,
+        "workflows": args.workflows,
+        "repeat": args.repeat,
+        "steps_per_s": median("ours", lambda s: s.steps_per_s),
+        "commits_per_step": median("ours", lambda s: s.engine_commits_per_step),
+        "pg_commits_per_step": median("ours", lambda s: s.commits_per_step),
+        "cpu_ms_per_step": median("ours", lambda s: s.cpu_ms_per_step),
+    }
+    for other in CONTENDERS[1:]:
+        result[f"{other}_steps_per_s"] = median(other, lambda s: s.steps_per_s)
+        result[f"ratio_vs_{other}"] = ratio(other)
+        result[f"{other}_pg_commits_per_step"] = median(other, lambda s: s.commits_per_step)
+        if other != "celery":
+            result[f"{other}_cpu_ms_per_step"] = median(other, lambda s: s.cpu_ms_per_step)
+    result["start_runs_per_s"] = round(args.workflows / start_seconds, 1) if start_seconds else None
+    return result
+
+
+# --- main ------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workflows", type=int, help="M, workflows per measurement (2000; --quick: 500)")
+    parser.add_argument("--workers", default="1,2,4", help="worker process counts, comma-separated (1,2,4)")
+    parser.add_argument("--repeat", type=int, help="repetitions per contender and worker count (3; --quick: 1)")
+    parser.add_argument("--only", default=",".join(CONTENDERS), help=f"contenders ({','.join(CONTENDERS)})")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or DEFAULT_ADMIN_URL)
+    parser.add_argument("--quick", action="store_true", help="500 workflows, one repetition: a few minutes")
+    args = parser.parse_args()
+    args.workflows = args.workflows or (500 if args.quick else 2000)
+    args.repeat = args.repeat or (1 if args.quick else 3)
+    args.workers = [int(n) for n in args.workers.split(",")]
+    args.only = [c.strip() for c in args.only.split(",")]
+    unknown = set(args.only) - set(CONTENDERS)
+    if unknown or args.workflows < 1 or args.repeat < 1 or min(args.workers) < 1:
+        parser.error(f"bad arguments (unknown contenders: {', '.join(sorted(unknown)) or 'none'})")
+    return args
+
+
+def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path) -> None:
+    bench = Bench(server=server, children=children, workflows=args.workflows, tmp=tmp)
+    contenders = [c for c in CONTENDERS if c in args.only]
+    templates: dict[str, str] = {}
+    start_seconds = None
+    if "ours" in contenders:
+        templates["ours"], start_seconds = bench.template_ours()
+    if "dbos" in contenders:
+        templates["dbos"] = bench.template_dbos()
+    if "celery" in contenders:
+        templates["celery"] = bench.template_plain("celery", EFFECT_TABLE)
+    if "ceiling" in contenders:
+        templates["ceiling"] = bench.template_plain("ceiling", EFFECT_TABLE, CHECKPOINT_TABLE)
+
+    load = os.getloadavg()[0]
+    with redis_server(children) if "celery" in contenders else nullcontext("") as broker_url:
+        bench.broker_url = broker_url
+        samples = []
+        # Interleaved, so that a slow patch of the machine does not land on one contender.
+        for rep in range(args.repeat):
+            for workers in args.workers:
+                for contender in contenders:
+                    sample = bench.measure(contender, templates[contender], workers, rep)
+                    log(
+                        f"{contender} workers={workers} rep={rep + 1}: {sample.steps_per_s:.1f} steps/s, "
+                        f"{sample.commits_per_step:.2f} commits/step, {sample.seconds:.2f} s"
+                    )
+                    samples.append(sample)
+    machine = (
+        f"PostgreSQL {server.version()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
+    )
+    report(samples, args, machine, start_seconds)
+
+
+def main() -> None:
+    args = parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the clean-up below runs
+    server = Server(args.database_url)
+    with tempfile.TemporaryDirectory(prefix="bench-executor-") as tmp:
+        children = Children(Path(tmp))
+        try:
+            run(args, server, children, Path(tmp))
+        except (BenchError, subprocess.CalledProcessError) as exc:
+            sys.exit(f"bench/executor.py: {exc}")
+        finally:
+            children.stop_all()
+            server.drop_all()
+            server.admin.close()
+
+
+if __name__ == "__main__":
+    main()
