@@ -63,7 +63,7 @@ class WorkflowRun(models.Model):
     class Meta:
         indexes = [
             models.Index(fields=["state", "next_wake_at"], name="run_due_idx"),
-            models.Index(fields=["state", "lease_expires_at"], name="run_lease_idx"),
+            models.Index(fields=["state", "id"], name="run_state_id_idx"),  # a state's runs, newest first
             models.Index(fields=["workflow_name", "state"], name="run_workflow_state_idx"),
             # Executors claim the oldest due run: a short walk over the runs still in progress,
             # however many have finished.
@@ -86,13 +86,17 @@ class WorkflowRun(models.Model):
 
 
 class StepExecution(models.Model):
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    # Indexed by one_execution_per_step (run, step_name): every index here is written again
+    # by each checkpoint (a step's state changes, so its updates are never HOT).
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
     step_name = models.CharField(max_length=100)
     position = models.PositiveSmallIntegerField()
     state = models.CharField(max_length=24, choices=StepState.choices, default=StepState.PENDING)
     key_version = models.PositiveIntegerField()
-    # Unique: an adapter's key -> remote object record can never be written twice.
-    idempotency_key = models.CharField(max_length=64, unique=True)
+    # Unique (step_idempotency_key_unique): an adapter's key -> remote object record can never
+    # be written twice. A constraint, not unique=True, which on PostgreSQL adds a second
+    # (pattern) index that nothing uses: keys are looked up whole.
+    idempotency_key = models.CharField(max_length=64)
     intent = models.JSONField(null=True, blank=True)  # saved (committed) before the call
     request_hash = models.CharField(max_length=64, blank=True)  # hash of the intent sent with the key
     remote_ref = models.CharField(max_length=255, blank=True)  # saved as soon as the call returns
@@ -119,10 +123,12 @@ class StepExecution(models.Model):
         ordering = ["run", "position"]
         constraints = [
             models.UniqueConstraint(fields=["run", "step_name"], name="one_execution_per_step"),
+            models.UniqueConstraint(fields=["idempotency_key"], name="step_idempotency_key_unique"),
         ]
         indexes = [
             models.Index(fields=["remote_ref"], name="step_remote_ref_idx"),
-            models.Index(fields=["state", "last_error_kind"], name="step_state_kind_idx"),  # stuck causes
+            # stuck causes; with run_id, their counts never read the table
+            models.Index(fields=["state", "last_error_kind"], name="step_state_kind_idx", include=["run"]),
         ]
 
     def __str__(self) -> str:
@@ -164,13 +170,20 @@ class ModelDecision(models.Model):
         ]
 
 
+# Audit actions the dashboard counts as failures (its partial index lists them).
+FAILURE_ACTIONS = ["step_fail", "step_unknown", "outbox_retry"]
+
+
 class AuditEvent(models.Model):
     """Append-only: one row per transition, written in the transition's transaction."""
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="audit_events")
+    # Indexes cost every checkpoint: run is indexed by audit_run_at_idx, actor_user only where set.
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="audit_events", db_index=False)
     step_name = models.CharField(max_length=100, blank=True)
     actor = models.CharField(max_length=150)  # a username, or "executor"
-    actor_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, db_index=False
+    )
     action = models.CharField(max_length=50)
     reason = models.TextField(blank=True)
     before = models.JSONField(default=dict)
@@ -182,6 +195,11 @@ class AuditEvent(models.Model):
         indexes = [
             models.Index(fields=["at", "id"], name="audit_at_id_idx"),  # the export's keyset
             models.Index(fields=["run", "at", "id"], name="audit_run_at_idx"),  # one run's history
+            models.Index(
+                fields=["actor_user"], name="audit_actor_user_idx", condition=models.Q(actor_user__isnull=False)
+            ),
+            # the dashboard's failures per hour
+            models.Index(fields=["at"], name="audit_failures_at_idx", condition=models.Q(action__in=FAILURE_ACTIONS)),
         ]
 
     def changes(self) -> list[str]:
