@@ -23,9 +23,15 @@ ours     The production code path: M runs started in bulk with ``recovery.transi
          ``django.setup()``, i.e. ``manage.py run_executor --until-idle --poll 0.05`` without
          Django's start-up inside the timing, until nothing is due. The workflow is
          ``bench/executor_workflow.py``, registered with
-         ``RECOVERY_WORKFLOW_MODULES=workflows.registry,bench.executor_workflow``; its steps insert on
-         Django's connection, outside any transaction. Children run with DJANGO_DEBUG=0 (no query
-         log) and DATABASE_CONN_MAX_AGE=60; the embedded sandbox database is a temporary SQLite file.
+         ``RECOVERY_WORKFLOW_MODULES=workflows.registry,bench.executor_workflow``. Its steps are
+         local steps (``local=True``): the insert is made on Django's connection inside the
+         transaction that records the step's outcome, as one writes a step whose effect is in the
+         engine's own database — two commits per step, like the ceiling. Children run with
+         DJANGO_DEBUG=0 (no query log) and DATABASE_CONN_MAX_AGE=60; the embedded sandbox
+         database is a temporary SQLite file.
+ours_call  The same, with the steps declared as ordinary calls (BENCH_STEPS=call): the insert
+         commits on its own outside any transaction, as a call to another system would, then
+         the outcome is checkpointed — three commits per step.
 dbos     DBOS Transact (the ``dbos`` package, 3.x): a ``@DBOS.workflow`` calling three
          ``@DBOS.step`` s. Steps, not transactions: DBOS 3 removed ``@DBOS.transaction`` with the
          application database (its successor, a datasource transaction, runs SERIALIZABLE and
@@ -114,7 +120,8 @@ sys.path.insert(0, str(ROOT))  # the ``bench`` namespace package, also when run 
 from bench.executor_workers import FLUSH_STATS  # noqa: E402
 
 PY = sys.executable
-CONTENDERS = ("ours", "dbos", "celery", "ceiling")
+CONTENDERS = ("ours", "ours_call", "dbos", "celery", "ceiling")
+ENGINE = {"ours": "local", "ours_call": "call"}  # our contenders: how the bench workflow declares its steps
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 EFFECT_TABLE = (
     "CREATE TABLE bench_effect (key text PRIMARY KEY, run text NOT NULL, step text NOT NULL, "
@@ -128,6 +135,7 @@ COUNT_EFFECTS = "SELECT count(*) FROM bench_effect"
 # Per durable contender: (finished workflows, all workflows).
 FINISHED = {
     "ours": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
+    "ours_call": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
     "dbos": "SELECT count(*) FILTER (WHERE status = 'SUCCESS'), count(*) FROM dbos.workflow_status",
     "ceiling": "SELECT count(*) FILTER (WHERE succeeded = 3), count(*) FROM "
     "(SELECT count(*) FILTER (WHERE state = 'succeeded') AS succeeded FROM bench_checkpoint GROUP BY run) AS runs",
@@ -174,8 +182,11 @@ class Sample:
 
     @property
     def engine_commits_per_step(self) -> float | None:
-        """Ours only: the commits besides the one autocommitted effect insert of each step."""
-        return (self.commits - self.steps) / self.steps if self.contender == "ours" else None
+        """Ours only: the engine's commits. A local step's insert commits with its outcome; a
+        called step's insert commits on its own (one per step, not the engine's)."""
+        if self.contender not in ENGINE:
+            return None
+        return (self.commits - (self.steps if self.contender == "ours_call" else 0)) / self.steps
 
 
 @dataclass(frozen=True)
@@ -378,8 +389,9 @@ class Bench:
         """A hang guard, far above any plausible measurement."""
         return time.monotonic() + 120 + self.workflows
 
-    def django_env(self, database: str) -> dict[str, str]:
+    def django_env(self, database: str, steps: str = "local") -> dict[str, str]:
         return {
+            "BENCH_STEPS": steps,
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DJANGO_DEBUG": "0",
@@ -439,7 +451,7 @@ class Bench:
         return Sample(contender, workers, seconds, self.steps, commits, rollbacks, cpu)
 
     def _run_processes(self, contender: str, database: str, workers: int, rep: int) -> tuple[float, int, int, float]:
-        env = self.django_env(database) if contender == "ours" else dict(os.environ)
+        env = self.django_env(database, ENGINE[contender]) if contender in ENGINE else dict(os.environ)
         procs = [
             self.children.start(
                 f"{contender}-w{workers}-r{rep}-{k}", self._worker_argv(contender, database, k, workers), env
@@ -462,9 +474,9 @@ class Bench:
         return seconds, after[0] - before[0], after[1] - before[1], cpu
 
     def _worker_argv(self, contender: str, database: str, index: int, workers: int) -> list[str]:
+        if contender in ENGINE:
+            return [PY, "-m", "bench.executor_workers", "ours"]
         argv = [PY, "-m", "bench.executor_workers", contender]
-        if contender == "ours":
-            return argv
         return [
             *argv,
             "--dsn",
@@ -677,8 +689,9 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
     contenders = [c for c in CONTENDERS if c in args.only]
     templates: dict[str, str] = {}
     start_seconds = None
-    if "ours" in contenders:
+    if set(ENGINE) & set(contenders):  # one template of started runs serves both
         templates["ours"], start_seconds = bench.template_ours()
+        templates["ours_call"] = templates["ours"]
     if "dbos" in contenders:
         templates["dbos"] = bench.template_dbos()
     if "celery" in contenders:

@@ -8,6 +8,8 @@ package, importable because the project root is on ``sys.path``). The bench crea
 
 from __future__ import annotations
 
+import os
+
 from django.db import connection
 from pydantic import BaseModel
 
@@ -24,24 +26,29 @@ class BenchInput(BaseModel):
 bench = Workflow("bench", version=1, input_schema=BenchInput, workflow_id=lambda i: f"bench:{i['id']}")
 
 
+# BENCH_STEPS=local (the default): the insert is a local step's effect, committed with the
+# step's outcome (two commits per step, like the ceiling). BENCH_STEPS=call: an ordinary step,
+# called outside any transaction, so the insert commits on its own (three commits per step).
+LOCAL = os.environ.get("BENCH_STEPS", "local") == "local"
+
+
 def insert_effect(ctx: StepContext) -> Outcome:
-    """The step's side effect, on Django's connection: the executor calls a step outside any
-    transaction, so the insert commits on its own (autocommit)."""
+    """The step's side effect, on Django's connection."""
     with connection.cursor() as cursor:
         cursor.execute(INSERT_EFFECT, [ctx.idempotency_key, ctx.workflow_id, ctx.step])
     return Outcome(remote_ref=ctx.idempotency_key)
 
 
-@bench.step(effect=EFFECT, rerun=Rerun.YES, reconcile=Reconcile.RERUN)
+@bench.step(effect=EFFECT, rerun=Rerun.YES, reconcile=Reconcile.RERUN, local=LOCAL)
 def first(ctx: StepContext) -> Outcome:
     return insert_effect(ctx)
 
 
-@bench.step(effect=EFFECT, rerun=Rerun.YES, reconcile=Reconcile.RERUN)
+@bench.step(effect=EFFECT, rerun=Rerun.YES, reconcile=Reconcile.RERUN, local=LOCAL)
 def second(ctx: StepContext) -> Outcome:
     return insert_effect(ctx)
 
 
-@bench.step(effect=EFFECT, rerun=Rerun.YES, reconcile=Reconcile.RERUN)
+@bench.step(effect=EFFECT, rerun=Rerun.YES, reconcile=Reconcile.RERUN, local=LOCAL)
 def third(ctx: StepContext) -> Outcome:
     return insert_effect(ctx)

@@ -18,9 +18,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pydantic
+from django.db import transaction
 
 from . import clock, failpoints, transitions
-from .errors import ErrorKind, InvalidModelOutput, LeaseLost, PermanentError, StepError, UnknownOutcome, classify
+from .errors import (
+    ErrorKind,
+    InvalidModelOutput,
+    LeaseLost,
+    PermanentError,
+    StepError,
+    TransientError,
+    UnknownOutcome,
+    classify,
+)
 from .models import (
     DecisionState,
     ModelDecision,
@@ -285,7 +295,14 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
         )
         return
     transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
-    raw, error = _invoke(spec.call, replace(ctx, intent=intent), point=name)
+    if spec.local and not spec.is_decision:
+        error = _execute_local(lease, plan, spec, step, replace(ctx, intent=intent))
+        if error is None:
+            failpoints.hit(name, "after_outcome")
+            return
+        raw = None
+    else:
+        raw, error = _invoke(spec.call, replace(ctx, intent=intent), point=name)
 
     decision: dict[str, Any] | None = None
     if error is None and spec.is_decision:
@@ -309,6 +326,35 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
     else:
         transitions.step_fail(lease=lease, step_name=name, error=error, spec=spec, auto_compensate=plan.auto_compensate)
     failpoints.hit(name, "after_outcome")
+
+
+class _RolledBack(Exception):
+    def __init__(self, error: StepError):
+        self.error = error
+
+
+def _execute_local(
+    lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution, ctx: StepContext
+) -> StepError | None:
+    """A local step: its call and its outcome in one transaction. Returns the error of an
+    attempt that failed — rolled back, so it certainly left nothing (never an unknown outcome)."""
+    try:
+        with transaction.atomic():
+            raw, error = _invoke(spec.call, ctx, point=spec.name)
+            if error is not None:
+                raise _RolledBack(error)
+            transitions.step_succeed(
+                lease=lease, step_name=spec.name, outcome=_as_outcome(raw), complete_run=plan.is_last(step), spec=spec
+            )
+    except _RolledBack as rolled_back:
+        error = rolled_back.error
+        if error.kind == ErrorKind.UNKNOWN_OUTCOME:  # it was rolled back: known not to have happened
+            return TransientError(f"rolled back: {error.message}", retry_after=error.retry_after)
+        return error
+    except BaseException:
+        lease.seen.clear()  # the outcome may have been recorded in the copy and rolled back
+        raise
+    return None
 
 
 def _compensate_once(lease: Lease, plan: _Plan) -> bool:

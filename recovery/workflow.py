@@ -122,6 +122,7 @@ class StepSpec:
     lookup_fn: Callable[[StepContext], Outcome | None] | None = None
     compensable: bool = False
     outbox: bool = False
+    local: bool = False  # its effect is written to this database, in the transaction of its outcome
     compensation_fn: Callable[[StepContext], Any] | None = None
     compensation: Compensation | None = None
 
@@ -160,6 +161,8 @@ class StepSpec:
             return "reuse the accepted decision; ask the model again only while none is accepted"
         if self.outbox:
             return "transactional outbox: the publisher looks the message up by key before any resend"
+        if self.local:
+            return "local transaction: the effect commits with the outcome; an interrupted attempt left nothing"
         return Reconcile(self.reconcile).label if self.reconcile else "none declared"
 
     def contract_row(self) -> dict[str, Any]:
@@ -208,6 +211,7 @@ class Workflow:
         reconcile: Reconcile | None = None,
         compensable: bool = False,
         outbox: bool = False,
+        local: bool = False,
         name: str | None = None,
     ) -> Callable[[Callable], StepSpec]:
         """Declare the next step. A step safe to re-run reconciles by re-running by default.
@@ -215,7 +219,16 @@ class Workflow:
         With ``outbox=True`` the executor does not call the step: it writes its intent as an
         outbox row in the same transaction as the step's success, and the outbox publisher
         calls the step function later, with retries, looking the message up (``@lookup``)
-        before any repeat, so it is delivered once even across crashes."""
+        before any repeat, so it is delivered once even across crashes.
+
+        With ``local=True`` the step's effect is a write to the engine's own database: the
+        executor calls it inside the transaction that records its outcome, so the effect and
+        the outcome commit together or not at all, and an attempt cut short is simply run
+        again (exactly once, with no key or look-up needed)."""
+        if local:
+            if outbox or reconcile not in (None, Reconcile.RERUN):
+                raise ValueError("a local step commits with its outcome: no outbox, and it reconciles by re-running")
+            reconcile = Reconcile.RERUN
         if reconcile is None and rerun == Rerun.YES:
             reconcile = Reconcile.RERUN
 
@@ -231,6 +244,7 @@ class Workflow:
                 position=len(self.steps),
                 compensable=compensable,
                 outbox=outbox,
+                local=local,
             )
             if any(s.name == spec.name for s in self.steps):
                 raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")

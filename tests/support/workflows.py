@@ -7,9 +7,10 @@ notify (receiver does not: look up by client reference) -> post_entry (unique re
 from pydantic import BaseModel, Field
 
 from recovery.retries import RetryPolicy
-from recovery.workflow import Reconcile, Rerun, Workflow
+from recovery.workflow import Outcome, Reconcile, Rerun, Workflow
 
 from . import receivers
+from .models import RemoteObject
 
 
 class Event(BaseModel):
@@ -119,3 +120,30 @@ def _(ctx):
 def _(ctx):
     """Post a reversing ledger entry."""
     return receivers.reverse_entry(entry_ref=ctx.intent["remote_ref"], reference=ctx.idempotency_key)
+
+
+# --- local steps: effects written to the engine's own database, committed with the outcome ---
+
+local = Workflow(
+    "test_local",
+    version=1,
+    input_schema=Event,
+    workflow_id=lambda i: f"local:{i['tenant']}:{i['order_id']}",
+    description="steps whose effect is a row in this database",
+)
+
+
+def _local_row(ctx):
+    # No dedupe on purpose: a second commit of the same step would show as a second row.
+    obj = RemoteObject.objects.create(kind="local", client_ref=ctx.idempotency_key, payload={"step": ctx.step})
+    return Outcome(remote_ref=f"local-{obj.pk}", result={"row": obj.pk})
+
+
+@local.step(effect="a row in this database", local=True, retry=FAST)
+def reserve(ctx):
+    return _local_row(ctx)
+
+
+@local.step(effect="a row in this database", local=True, retry=FAST)
+def book(ctx):
+    return _local_row(ctx)
