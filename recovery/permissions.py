@@ -30,16 +30,27 @@ REQUIRED_ROLE: dict[str, Role] = {
 }
 
 
+# role_of remembers the role on the user object: a request's user is loaded once per request,
+# so its groups are read once per page however many times ``can`` is asked (like Django's own
+# permission cache, a change of groups shows from the next request).
+_ROLE_CACHE = "_recovery_role"
+
+
 def role_of(user: AbstractBaseUser | None) -> Role:
     if user is None or not user.is_authenticated or not user.is_active:
         return Role.NONE
     if user.is_superuser:
         return Role.SUPERVISOR
+    cached = getattr(user, _ROLE_CACHE, None)
+    if cached is not None:
+        return cached
     names = set(user.groups.values_list("name", flat=True))
-    for role in (Role.SUPERVISOR, Role.OPERATOR, Role.VIEWER):
-        if role.name.lower() in names:
-            return role
-    return Role.NONE
+    role = next(
+        (r for r in (Role.SUPERVISOR, Role.OPERATOR, Role.VIEWER) if r.name.lower() in names),
+        Role.NONE,
+    )
+    setattr(user, _ROLE_CACHE, role)
+    return role
 
 
 def can(user: AbstractBaseUser | None, action: str) -> bool:

@@ -132,7 +132,8 @@ class RunFilters:
         """The filters (without the cursor) as form fields, so a POST keeps them."""
         return [(k, str(v)) for k, v in asdict(self).items() if v not in ("", None) and k != "after"]
 
-    def queryset(self, now: datetime):
+    def _narrowed(self, now: datetime, *, before: int | None = None):
+        """The runs matching every filter but the search (``q``), with ``id < before``."""
         qs = WorkflowRun.objects.all()
         if self.state:
             qs = qs.filter(state=self.state)
@@ -151,32 +152,63 @@ class RunFilters:
                 qs = qs.filter(cond)
             else:
                 qs = qs.filter(causes[self.stuck][1])
-        if self.q:
-            by_step = StepExecution.objects.filter(Q(idempotency_key=self.q) | Q(remote_ref=self.q)).values("run_id")
-            qs = qs.filter(Q(workflow_id__startswith=self.q) | Q(pk__in=by_step))
+        if before is not None:
+            qs = qs.filter(pk__lt=before)
         return qs
+
+    def _search_branches(self, qs) -> list:
+        """``qs`` narrowed to each way a run matches the search: its workflow id begins with
+        ``q``, or one of its steps has ``q`` as idempotency key or remote reference. Kept apart
+        (never OR-ed in one WHERE): each branch has its own index, whereas the OR makes the
+        database walk every run newest first looking for the few that match."""
+        by_step = StepExecution.objects.filter(Q(idempotency_key=self.q) | Q(remote_ref=self.q)).values("run_id")
+        return [qs.filter(workflow_id__startswith=self.q), qs.filter(pk__in=by_step)]
+
+    def queryset(self, now: datetime):
+        """Every matching run, unordered and unlimited (for a page or a bulk action, use
+        ``newest``)."""
+        qs = self._narrowed(now)
+        if not self.q:
+            return qs
+        branches = [branch.values("pk") for branch in self._search_branches(qs)]
+        return WorkflowRun.objects.filter(pk__in=branches[0].union(*branches[1:]))
+
+    def newest(self, now: datetime, *, limit: int, before: int | None = None):
+        """The ``limit`` newest matching runs with ``id < before`` (a keyset cursor), newest
+        first, as a sliced queryset (``.only()`` and ``.values_list()`` still apply).
+
+        A search is the union of its branches, each cut to its own ``limit`` newest (the
+        ``limit`` newest of a union are among the ``limit`` newest of each part): one query,
+        in which every branch reads at most ``limit`` rows from its own index. A branch's
+        slice is wrapped in ``pk__in`` because SQLite refuses LIMIT in the arms of a UNION."""
+        qs = self._narrowed(now, before=before)
+        if not self.q:
+            return qs.order_by("-pk")[:limit]
+        limited = [
+            WorkflowRun.objects.filter(pk__in=branch.order_by("-pk").values("pk")[:limit]).values("pk")
+            for branch in self._search_branches(qs)
+        ]
+        return WorkflowRun.objects.filter(pk__in=limited[0].union(*limited[1:])).order_by("-pk")[:limit]
+
+
+RUN_LIST_FIELDS = (
+    "pk",
+    "workflow_id",
+    "workflow_name",
+    "state",
+    "current_step",
+    "status_reason",
+    "created_at",
+    "updated_at",
+    "lease_expires_at",
+    "next_wake_at",
+)
 
 
 def runs_page(filters: RunFilters, *, now: datetime) -> tuple[list[WorkflowRun], int | None]:
     """One page of runs, newest first, by keyset (``id < after``): as fast on page 500 as on
     page 1. Returns the runs and the cursor of the next page (None on the last page)."""
-    qs = filters.queryset(now)
-    if filters.after is not None:
-        qs = qs.filter(pk__lt=filters.after)
-    rows = list(
-        qs.order_by("-pk").only(
-            "pk",
-            "workflow_id",
-            "workflow_name",
-            "state",
-            "current_step",
-            "status_reason",
-            "created_at",
-            "updated_at",
-            "lease_expires_at",
-            "next_wake_at",
-        )[: PAGE_SIZE + 1]
-    )
+    rows = list(filters.newest(now, limit=PAGE_SIZE + 1, before=filters.after).only(*RUN_LIST_FIELDS))
     return rows[:PAGE_SIZE], (rows[PAGE_SIZE - 1].pk if len(rows) > PAGE_SIZE else None)
 
 
@@ -194,12 +226,26 @@ def state_counts() -> list[dict[str, Any]]:
     return out
 
 
-def stuck_counts(*, now: datetime) -> list[dict[str, Any]]:
+def stuck_counts(*, now: datetime, states: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Runs per stuck cause. A cause that is just a state (needs review, compensation failed)
+    takes its number from ``states`` (``state_counts()``) when given, rather than counting it
+    twice in one request."""
+    known = {c["state"]: (c["count"], c["capped"]) for c in states or []}
     out = []
     for key, (label, cond) in _stuck_causes(now).items():
-        n, capped = capped_count(WorkflowRun.objects.filter(cond))
+        state = _state_only(cond)
+        n, capped = known[state] if state in known else capped_count(WorkflowRun.objects.filter(cond))
         out.append({"cause": key, "label": label, "count": n, "capped": capped})
     return out
+
+
+def _state_only(cond: Q) -> str | None:
+    """The state of a condition that is exactly ``Q(state=…)``, else None."""
+    if not cond.negated and len(cond.children) == 1 and isinstance(cond.children[0], tuple):
+        name, value = cond.children[0]
+        if name == "state":
+            return value
+    return None
 
 
 def workflow_names() -> list[str]:
@@ -210,7 +256,13 @@ def workflow_names() -> list[str]:
 
 # --- one run ---------------------------------------------------------------------------
 
-AUDIT_SHOWN = 200
+# The run page shows the newest AUDIT_SHOWN audit events and saved versions; older events are in
+# the full trail the page links (CSV / JSON Lines export). Rendering hundreds of rows cost more
+# than every query of the page together.
+AUDIT_SHOWN = 50
+# The timeline plots at most the newest TIMELINE_POINTS attempt events (a retry storm of
+# thousands would be an unreadable smear and a slow page); its axis then starts at the oldest shown.
+TIMELINE_POINTS = 100
 TIMELINE_ACTIONS = {
     "step_begin": "begin",
     "step_enqueue": "ok",
@@ -245,7 +297,9 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
     audit = list(run.audit_events.order_by("-at", "-id")[: AUDIT_SHOWN + 1])
     decisions = list(run.decisions.order_by("step_name", "created_at"))
     outbox = list(run.outbox.order_by("pk"))
-    versions = list(run.history.select_related("history_user").order_by("-history_date", "-history_id")[:AUDIT_SHOWN])
+    versions = list(
+        run.history.select_related("history_user").order_by("-history_date", "-history_id")[: AUDIT_SHOWN + 1]
+    )
     return {
         "run": run,
         "steps": steps,
@@ -258,19 +312,27 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
         "superseded": [d for d in decisions if d.state == DecisionState.SUPERSEDED],
         "invalid": [d for d in decisions if d.state == DecisionState.INVALID],
         "outbox": outbox,
-        "versions": versions,
+        "versions": versions[:AUDIT_SHOWN],
+        "versions_truncated": len(versions) > AUDIT_SHOWN,
+        "audit_shown": AUDIT_SHOWN,
         "timeline": timeline(run, steps),
     }
 
 
 def timeline(run: WorkflowRun, steps: list[StepExecution]) -> dict[str, Any]:
-    """The attempts of each step over time, as positions for a small SVG (no JavaScript)."""
-    events = list(
-        run.audit_events.filter(action__in=TIMELINE_ACTIONS).order_by("at", "id").values("at", "action", "step_name")
+    """The attempts of each step over time, as positions for a small SVG (no JavaScript): the
+    newest TIMELINE_POINTS attempt events at most (``truncated`` says when there were more; the
+    axis then starts at the oldest one shown rather than at the run's creation)."""
+    newest = list(
+        run.audit_events.filter(action__in=TIMELINE_ACTIONS)
+        .order_by("-at", "-id")
+        .values("at", "action", "step_name")[: TIMELINE_POINTS + 1]
     )
+    truncated = len(newest) > TIMELINE_POINTS
+    events = newest[:TIMELINE_POINTS][::-1]
     lanes = {s.step_name: i for i, s in enumerate(steps)}
     width, lane_height, left = 640, 22, 170
-    start = run.created_at
+    start = events[0]["at"] if truncated else run.created_at
     end = max([e["at"] for e in events] + [start])
     span = max((end - start).total_seconds(), 1.0)
     marks = []
@@ -292,6 +354,8 @@ def timeline(run: WorkflowRun, steps: list[StepExecution]) -> dict[str, Any]:
         "left": left,
         "lanes": [{"name": s.step_name, "y": i * lane_height + lane_height // 2 + 8} for i, s in enumerate(steps)],
         "marks": marks,
+        "truncated": truncated,
+        "points": TIMELINE_POINTS,
         "start": start,
         "end": end,
         "axis_y": len(steps) * lane_height + 16,

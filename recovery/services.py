@@ -14,7 +14,7 @@ from django.db.models.functions import TruncHour
 
 from . import clock, selectors, transitions
 from .errors import InvalidTransition
-from .models import AuditEvent, RunState, StepState, WorkflowRun
+from .models import FAILURE_ACTIONS, AuditEvent, RunState, StepState, WorkflowRun
 from .permissions import can
 
 # console action -> the permission it needs (recovery.permissions.REQUIRED_ROLE)
@@ -144,9 +144,9 @@ def bulk_apply(
     if not reason.strip():
         raise ValueError("a reason is required")
     if all_matching:
-        workflow_ids = list(
-            filters.queryset(clock.now()).order_by("-pk").values_list("workflow_id", flat=True)[:BULK_LIMIT]
-        )
+        # The newest BULK_LIMIT runs matching the filter (a search's branches each cut to as
+        # many, then merged): not limited to the page on screen, whatever its cursor.
+        workflow_ids = list(filters.newest(clock.now(), limit=BULK_LIMIT).values_list("workflow_id", flat=True))
     workflow_ids = list(dict.fromkeys(w for w in workflow_ids if w))[:BULK_LIMIT]
     if not workflow_ids:
         raise ValueError("select at least one run")
@@ -187,7 +187,7 @@ def dashboard(*, now: datetime) -> dict[str, Any]:
     last 24 hours, laid out for small server-rendered SVG bar charts."""
     since = now - timedelta(hours=24)
     per_hour = (
-        AuditEvent.objects.filter(at__gte=since, action__in=["step_fail", "step_unknown", "outbox_retry"])
+        AuditEvent.objects.filter(at__gte=since, action__in=FAILURE_ACTIONS)  # audit_failures_at_idx
         .annotate(hour=TruncHour("at"))
         .values("hour", "action")
         .annotate(n=Count("id"))
@@ -199,9 +199,11 @@ def dashboard(*, now: datetime) -> dict[str, Any]:
         bucket = unknown if row["action"] == "step_unknown" else retries
         if row["hour"] in bucket:
             bucket[row["hour"]] += row["n"]
+    states = selectors.state_counts()
+    stuck = selectors.stuck_counts(now=now, states=states)
     return {
-        "states": _bars([(c["label"], c["count"], f"?state={c['state']}") for c in selectors.state_counts()]),
-        "stuck": _bars([(c["label"], c["count"], f"?stuck={c['cause']}") for c in selectors.stuck_counts(now=now)]),
+        "states": _bars([(c["label"], c["count"], f"?state={c['state']}") for c in states]),
+        "stuck": _bars([(c["label"], c["count"], f"?stuck={c['cause']}") for c in stuck]),
         "retries": _columns([(h, retries[h]) for h in hours]),
         "unknown": _columns([(h, unknown[h]) for h in hours]),
         "now": now,

@@ -165,6 +165,93 @@ def test_cells_that_a_spreadsheet_would_run_as_formulas_are_prefixed_with_a_quot
     assert [d["actor"] for d in docs] == ["@admin", "\tcmd", "a=b"] and docs[0]["workflow_id"] == "=HYPERLINK(1)"
 
 
+def _previous_lines(fmt: str, events) -> list[str]:
+    """The export as it was written before it read plain rows: from model instances, each row
+    a dict, ``before``/``after`` re-encoded by ``json.dumps`` (kept to prove the output did not
+    change by a byte)."""
+    from recovery.exports import FORMULA_TRIGGERS, _Echo
+
+    def row(event):
+        return {
+            "at": event.at.astimezone(UTC).isoformat(timespec="microseconds"),
+            "workflow_id": event.run.workflow_id,
+            "workflow": event.run.workflow_name,
+            "step": event.step_name,
+            "actor": event.actor,
+            "action": event.action,
+            "reason": event.reason,
+            "before": event.before,
+            "after": event.after,
+            "event_id": event.id,
+        }
+
+    def sorted_keys(value):
+        if isinstance(value, dict):
+            return {key: sorted_keys(value[key]) for key in sorted(value)}
+        if isinstance(value, list):
+            return [sorted_keys(item) for item in value]
+        return value
+
+    def compact(value):
+        return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+    if fmt == "jsonl":
+        return [
+            json.dumps({**r, "before": sorted_keys(r["before"]), "after": sorted_keys(r["after"])},
+                       separators=(",", ":"), ensure_ascii=False) + "\n"
+            for r in map(row, events)
+        ]  # fmt: skip
+    writer = csv.writer(_Echo())
+    lines = [writer.writerow(COLUMNS)]
+    for r in map(row, events):
+        r["before"], r["after"] = compact(r["before"]), compact(r["after"])
+        lines.append(
+            writer.writerow(
+                [("'" + v if v.startswith(FORMULA_TRIGGERS) else v) if isinstance(v, str) else v for v in r.values()]
+            )
+        )
+    return lines
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_the_export_is_byte_for_byte_what_it_was_when_it_built_model_instances(clock, fmt):
+    """Rows are read as plain values and written without building a dict per row; the output
+    is the same, for awkward values too (nesting, key order, unicode, quotes, newlines, numbers,
+    JSON null, formula-like JSON, a timestamp without microseconds)."""
+    run = drive(start("bytes"), clock)
+    odd = WorkflowRun.objects.create(
+        workflow_id='=odd:"quoted",id',
+        workflow_name="wf\nname",
+        workflow_version=1,
+        input={},
+        input_hash="0" * 64,
+        created_at=MAY_1,
+        updated_at=MAY_1,
+    )
+    values = [
+        {"z": 1, "a": {"y": [2, {"d": 1, "c": 0}], "b": "é ü 😀 \u2028"}, "m": None, "f": 1.5, "t": True},
+        {"quote": 'say "hi", ok', "nl": "line\nbreak\r\n", "tab": "\t", "bs": "\\", "ctl": "\x01"},
+        [3, "=1+1", {"b": 2, "a": 1}],
+        "-1",
+        -1,
+        {},
+        {"10": 1, "9": 2, "a": 3, "B": 4, "é": 5, "": 6},
+        12345678901234567890,
+        -0.0,
+        1e100,
+    ]
+    for i, value in enumerate(values):
+        add_event(odd, MAY_1 + timedelta(seconds=i), before=value, after=values[-1 - i], reason=f'r{i},"x"\n')
+    add_event(odd, MAY_1.replace(microsecond=0) + timedelta(days=1), actor="=a", step_name="-s", action="@b")
+    add_event(run, MAY_1 + timedelta(microseconds=7), actor="ünïcode", reason="")
+
+    events = list(AuditEvent.objects.select_related("run").order_by("at", "id"))
+    expected = "".join(_previous_lines(fmt, events))
+    assert export_text({"format": fmt}) == expected
+    assert export_text({"format": fmt}, chunk_chars=1) == expected
+    assert "".join(exports.FORMATS[fmt].lines(events)) == expected  # model instances still work
+
+
 # --- filters --------------------------------------------------------------------------
 
 
