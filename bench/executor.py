@@ -2,8 +2,8 @@
 a two-commits-per-step psycopg loop, on the same PostgreSQL, with 1, 2 and 4 worker processes.
 
     .venv/bin/pip install -e '.[bench]'      # dbos (pinned in pyproject.toml's bench extra)
-    .venv/bin/python bench/executor.py       # the figures: 2,000 workflows, workers 1,2,4, 3 repetitions
-    .venv/bin/python bench/executor.py --quick                   # 500 workflows, one repetition
+    .venv/bin/python bench/executor.py              # a few minutes: 500 workflows, workers 1,2,4, one repetition
+    .venv/bin/python bench/executor.py --full       # the README's figures: 2,000 workflows, 3 repetitions
     .venv/bin/python bench/executor.py --workflows 1000 --workers 2 --repeat 5 --only ours,dbos
 
 Workload: M workflows (``--workflows``) of three side-effecting steps; each step inserts one row
@@ -667,15 +667,15 @@ def summary_json(
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workflows", type=int, help="M, workflows per measurement (2000; --quick: 500)")
+    parser.add_argument("--workflows", type=int, help="M, workflows per measurement (500; --full: 2000)")
     parser.add_argument("--workers", default="1,2,4", help="worker process counts, comma-separated (1,2,4)")
-    parser.add_argument("--repeat", type=int, help="repetitions per contender and worker count (3; --quick: 1)")
+    parser.add_argument("--repeat", type=int, help="repetitions per contender and worker count (1; --full: 3)")
     parser.add_argument("--only", default=",".join(CONTENDERS), help=f"contenders ({','.join(CONTENDERS)})")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or DEFAULT_ADMIN_URL)
-    parser.add_argument("--quick", action="store_true", help="500 workflows, one repetition: a few minutes")
+    parser.add_argument("--full", action="store_true", help="2,000 workflows, 3 repetitions (the README's figures)")
     args = parser.parse_args()
-    args.workflows = args.workflows or (500 if args.quick else 2000)
-    args.repeat = args.repeat or (1 if args.quick else 3)
+    args.workflows = args.workflows or (2000 if args.full else 500)
+    args.repeat = args.repeat or (3 if args.full else 1)
     args.workers = [int(n) for n in args.workers.split(",")]
     args.only = [c.strip() for c in args.only.split(",")]
     unknown = set(args.only) - set(CONTENDERS)
