@@ -349,6 +349,11 @@ def _one_statement(
     try:
         try:
             body(change)
+        except Exception:
+            # Perhaps refused on a copy someone else has since changed: decide on fresh rows
+            # (the ordinary way runs the body again, and raises again if it still must).
+            lease.seen.clear()
+            return None
         finally:
             _COLLECTED.reset(token)
         run_fields, step_fields = set(renewal), set()

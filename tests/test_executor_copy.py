@@ -105,3 +105,16 @@ def test_a_claim_and_a_takeover_are_audited_alike_on_every_database(clock):
     assert run.lease_expires_at > clock.now() and run.next_wake_at is None and run.dispatched_at is None
     _, steps = leased_run(second)
     assert [s.step_name for s in steps] == ["read", "decide", "create_task", "notify", "post_entry"]
+
+
+def test_a_transition_refused_by_an_out_of_date_copy_is_decided_on_the_fresh_rows(clock):
+    run = start()
+    lease = run_claim(run_pk=run.pk)
+    _, steps = leased_run(lease)
+    steps[0].state = StepState.SUCCEEDED  # the copy says "read" is done; the database says pending
+    transitions._save_run(WorkflowRun.objects.get(pk=run.pk), [], clock.now())  # someone else saved the run
+
+    step = transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
+
+    assert step.state == StepState.RUNNING and step.attempts == 1
+    assert run.steps.get(step_name="read").state == StepState.RUNNING
