@@ -525,17 +525,8 @@ def _as_outcome(raw: Any) -> Outcome:
 # --- the embedded executor loop --------------------------------------------------------
 
 
-def due_run_ids(*, now: datetime | None = None, limit: int = 100) -> list[int]:
-    now = now or clock.now()
-    return list(
-        WorkflowRun.objects.filter(transitions.claimable(now))
-        .order_by("next_wake_at", "pk")
-        .values_list("pk", flat=True)[:limit]
-    )
-
-
 def run_due(*, owner: str | None = None, limit: int = 100) -> int:
-    """Advance runs due now, longest due first, up to ``limit``; executors running this side
+    """Advance runs due now, the oldest first, up to ``limit``; executors running this side
     by side take different runs. Returns how many runs this executor advanced."""
     advanced = 0
     while advanced < limit:

@@ -23,13 +23,9 @@ def update(model: type[models.Model], pk: int, values: dict[str, Any], **fence: 
     (a frozenset value: ``column IN (…)``). Returns the number of rows changed."""
     connection = connections[DEFAULT_DB_ALIAS]
     names = tuple(sorted(values))
-    fenced = tuple(sorted((name, len(value) if isinstance(value, frozenset) else 0) for name, value in fence.items()))
-    sql, fields = _update_sql(connection.vendor, model, names, fenced)
-    params = _params(connection, names, fields, values)
-    params.append(pk)
-    for name, _ in fenced:
-        value = fence[name]
-        params.extend(sorted(value) if isinstance(value, frozenset) else [value])
+    shape, fence_params = _fence(fence)
+    sql, fields = _update_sql(connection.vendor, model, names, shape)
+    params = [*_params(connection, names, fields, values), pk, *fence_params]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
@@ -42,6 +38,16 @@ def insert(model: type[models.Model], values: dict[str, Any]) -> None:
     sql, fields = _insert_sql(connection.vendor, model, names)
     with connection.cursor() as cursor:
         cursor.execute(sql, _params(connection, names, fields, values))
+
+
+def _fence(fence: dict[str, Any]) -> tuple[tuple[tuple[str, int], ...], list[Any]]:
+    """The fence's shape (column, members of its ``IN`` or 0 for ``=``), by column, and its
+    parameters in that order."""
+    shape = tuple(sorted((name, len(value) if isinstance(value, frozenset) else 0) for name, value in fence.items()))
+    params: list[Any] = []
+    for name, members in shape:
+        params.extend(sorted(fence[name]) if members else [fence[name]])
+    return shape, params
 
 
 _PLAIN = (str, int, bool, type(None))
@@ -96,13 +102,9 @@ def checkpoint(
     match; then nothing was written."""
     connection = connections[DEFAULT_DB_ALIAS]
     run_names, step_names, audit_names = (tuple(sorted(values)) for values in (run_values, step_values, audit_values))
-    fenced = tuple(sorted((name, len(value) if isinstance(value, frozenset) else 0) for name, value in fence.items()))
-    sql, run_fields, step_fields, audit_fields = _checkpoint_sql(run_names, fenced, step_names, audit_names)
-    params = _params(connection, run_names, run_fields, run_values)
-    params.append(run_pk)
-    for name, _ in fenced:
-        value = fence[name]
-        params.extend(sorted(value) if isinstance(value, frozenset) else [value])
+    shape, fence_params = _fence(fence)
+    sql, run_fields, step_fields, audit_fields = _checkpoint_sql(run_names, shape, step_names, audit_names)
+    params = [*_params(connection, run_names, run_fields, run_values), run_pk, *fence_params]
     params.extend(_params(connection, step_names, step_fields, step_values))
     params.append(step_pk)
     params.extend(_params(connection, audit_names, audit_fields, audit_values))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -262,9 +262,7 @@ def leased_run(lease: Lease) -> tuple[WorkflowRun, list[StepExecution]] | None:
                 return None
         else:
             run = rows[0].run
-        for step in rows:
-            step.run = run
-        lease.seen.update(run=run, steps={step.step_name: step for step in rows})
+        lease.seen.update(_copy(run, rows))
         steps = lease.seen["steps"]
     if run.lease_generation != lease.generation or run.state not in LEASED_RUN_STATES:
         return None
@@ -340,7 +338,7 @@ def _one_statement(
     if run is None or step is None:
         return None
     revision, before = run.revision, _snap(run, step)
-    renewal = {"updated_at": now, "lease_expires_at": now + lease_duration(), "current_step": step_name}
+    renewal = _renewal(now, step_name)
     for name, value in renewal.items():
         setattr(run, name, value)
     change = _StepChange(run=run, step=step, now=now, action=action)
@@ -383,7 +381,7 @@ def _fenced_run(lease: Lease, now: datetime, step_name: str) -> WorkflowRun:
     step as the run's current one. With a current copy (``lease.seen``) that is one fenced
     UPDATE, which matches only while this executor holds the lease and nobody else has saved
     the run since; otherwise ``_locked_run`` decides (LeaseLost, or a fresh copy)."""
-    changes = {"updated_at": now, "lease_expires_at": now + lease_duration(), "current_step": step_name}
+    changes = _renewal(now, step_name)
     run = lease.seen.get("run")
     fenced = run is not None and "steps" in lease.seen
     if fenced:
@@ -395,6 +393,11 @@ def _fenced_run(lease: Lease, now: datetime, step_name: str) -> WorkflowRun:
     for name, value in changes.items():
         setattr(run, name, value)
     return run
+
+
+def _renewal(now: datetime, step_name: str) -> dict[str, Any]:
+    """What every transition of a step writes on its run: the lease renewed, the step current."""
+    return {"updated_at": now, "lease_expires_at": now + lease_duration(), "current_step": step_name}
 
 
 # While set, the engine's own saves are collected here instead of written (_one_statement).
@@ -580,7 +583,7 @@ def _claim_one(owner: str | None, now: datetime, run_pk: int | None = None) -> L
         if claimed is None:
             return None
         run, steps = claimed
-        return _lease(run, {step.step_name: step for step in steps})
+        return _lease(run, steps)
     with transaction.atomic():
         sql, params = _pick_sql(connection.vendor, run_pk is not None)
         run = next(iter(WorkflowRun.objects.raw(sql, _pick_params(params, now, run_pk))), None)
@@ -618,12 +621,17 @@ def _steps_sql(vendor: str) -> str:
     return sql
 
 
-def _lease(run: WorkflowRun, steps: dict[str, StepExecution]) -> Lease:
-    for step in steps.values():
+def _copy(run: WorkflowRun, steps: Iterable[StepExecution]) -> dict[str, Any]:
+    """``Lease.seen`` for a run and its steps, each step pointing at that run."""
+    by_name = {}
+    for step in steps:
         step.run = run
-    return Lease(
-        run_pk=run.pk, owner=run.lease_owner, generation=run.lease_generation, seen={"run": run, "steps": steps}
-    )
+        by_name[step.step_name] = step
+    return {"run": run, "steps": by_name}
+
+
+def _lease(run: WorkflowRun, steps: Iterable[StepExecution]) -> Lease:
+    return Lease(run_pk=run.pk, owner=run.lease_owner, generation=run.lease_generation, seen=_copy(run, steps))
 
 
 def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
@@ -644,9 +652,7 @@ def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
     _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
     _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
     # The executor's copy, read under the run's lock: it needs no other read while it holds the run.
-    return _lease(
-        run, {step.step_name: step for step in StepExecution.objects.raw(_steps_sql(connection.vendor), [run.pk])}
-    )
+    return _lease(run, StepExecution.objects.raw(_steps_sql(connection.vendor), [run.pk]))
 
 
 def _record_attempt(step: StepExecution, intent: dict[str, Any], request_hash: str, now: datetime) -> list[str]:
