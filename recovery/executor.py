@@ -294,12 +294,22 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             lease=lease, step_name=name, reason=f"{name}: {step.attempts} attempts without a recorded outcome"
         )
         return
-    transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
-    if spec.local and not spec.is_decision:
-        error = _execute_local(lease, plan, spec, step, replace(ctx, intent=intent))
+    local = spec.local and not spec.is_decision
+    # A local step's effect commits with its outcome, so its attempt can be counted in that same
+    # commit: nothing happened unless it commits. Not when the previous executor of this run was
+    # lost, perhaps to this very attempt: then the attempt is counted first, so that a step that
+    # kills every worker meets its budget.
+    counted = not local or lease.taken_over
+    if counted:
+        transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
+    if local:
+        attempt = None if counted else (intent, request_hash)
+        error = _execute_local(lease, plan, spec, step, replace(ctx, intent=intent), attempt=attempt)
         if error is None:
             failpoints.hit(name, "after_outcome")
             return
+        if not counted:  # rolled back: recorded as any failed attempt is, begun then failed
+            transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
         raw = None
     else:
         raw, error = _invoke(spec.call, replace(ctx, intent=intent), point=name)
@@ -334,17 +344,29 @@ class _RolledBack(Exception):
 
 
 def _execute_local(
-    lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution, ctx: StepContext
+    lease: Lease,
+    plan: _Plan,
+    spec: StepSpec,
+    step: StepExecution,
+    ctx: StepContext,
+    *,
+    attempt: tuple[dict[str, Any], str] | None,
 ) -> StepError | None:
-    """A local step: its call and its outcome in one transaction. Returns the error of an
-    attempt that failed — rolled back, so it certainly left nothing (never an unknown outcome)."""
+    """A local step: its call and its outcome in one transaction (with ``attempt``, the
+    attempt's count too). Returns the error of an attempt that failed — rolled back, so it
+    certainly left nothing (never an unknown outcome)."""
     try:
         with transaction.atomic():
             raw, error = _invoke(spec.call, ctx, point=spec.name)
             if error is not None:
                 raise _RolledBack(error)
             transitions.step_succeed(
-                lease=lease, step_name=spec.name, outcome=_as_outcome(raw), complete_run=plan.is_last(step), spec=spec
+                lease=lease,
+                step_name=spec.name,
+                outcome=_as_outcome(raw),
+                complete_run=plan.is_last(step),
+                spec=spec,
+                attempt=attempt,
             )
     except _RolledBack as rolled_back:
         error = rolled_back.error

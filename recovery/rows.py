@@ -140,12 +140,12 @@ def _checkpoint_sql(
 
 def claim(
     pick_sql: str, pick_params: list[Any], owner: str, lease_until: Any, now: Any
-) -> tuple[models.Model, list[models.Model]] | None:
+) -> tuple[models.Model, list[models.Model], bool] | None:
     """PostgreSQL only: a whole claim as one statement — lock the run ``pick_sql`` selects
     (its id, state and lease owner; ``FOR UPDATE SKIP LOCKED``), give it a new lease
     generation, write the ``claim`` (or ``lease_takeover``) audit event, and read the run and
-    its steps back. None if nothing was picked. The same transition as
-    ``transitions._claim`` writes on other databases."""
+    its steps back, with whether it was taken over from another owner. None if nothing was
+    picked. The same transition as ``transitions._claim`` writes on other databases."""
     from .models import AuditEvent, RunState, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
@@ -168,8 +168,10 @@ def claim(
         return None
     split = len(run_fields)
     run = _instance(connection, WorkflowRun, run_fields, found[0][:split])
+    taken_over = found[0][split]
+    split += 1
     steps = [_instance(connection, StepExecution, step_fields, row[split:]) for row in found if row[split] is not None]
-    return run, steps
+    return run, steps, taken_over
 
 
 def _instance(connection, model: type[models.Model], fields: Fields, values: tuple[Any, ...]) -> models.Model:
@@ -230,7 +232,7 @@ def _claim_sql(pick_sql: str) -> tuple[str, Fields, Fields]:
                 CAST(%s AS timestamp with time zone), 'executor', NULL
             FROM claimed
         )
-        SELECT {run_columns}, {step_columns}
+        SELECT {run_columns}, claimed.before_owner <> '', {step_columns}
         FROM claimed LEFT JOIN {step_table} AS s ON s."run_id" = claimed."id"
         ORDER BY s."position"
     """

@@ -11,7 +11,8 @@ for its time), and checks the invariants:
 - no step is `running` past its lease; every succeeded side-effecting step has its remote
   reference;
 - the run ends completed or in an explicit review / failed / compensated state with its reason,
-  never silently, and a finished run stays finished.
+  never silently, and a finished run stays finished; a rate limit that lifts ends completed, and
+  no case ends in an executor error (an engine or workflow bug).
 
 A workflow author gets it in one line, in any test module (pytest-django)::
 
@@ -226,6 +227,10 @@ def check(
         problems.append(f"the run did not settle: it is {run.state}")
     elif run.state != RunState.COMPLETED and not run.status_reason:
         problems.append(f"the run stopped in {run.state} without saying why")
+    elif run.state != RunState.COMPLETED and case.fault == "rate_limit_then_success":
+        problems.append(f"a step that succeeds once the rate limit lifts left the run {run.state}: {run.status_reason}")
+    if run.status_reason.startswith("executor error"):  # a bug in the engine or the workflow, by definition
+        problems.append(f"the executor failed: {run.status_reason}")
     steps = {s.step_name: s for s in StepExecution.objects.filter(run=run)}
     counted = effects(run)
     for spec in workflow.steps:

@@ -101,6 +101,8 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
 STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "begin": (frozenset({StepState.PENDING, StepState.FAILED, StepState.UNKNOWN}), StepState.RUNNING),
     "succeed": (frozenset({StepState.RUNNING, StepState.UNKNOWN, StepState.PENDING}), StepState.SUCCEEDED),
+    # a local step's attempt and its success in one commit: from wherever "begin" may start
+    "attempt_succeed": (frozenset({StepState.PENDING, StepState.FAILED, StepState.UNKNOWN}), StepState.SUCCEEDED),
     # from pending/failed: refused before the call (an intent that cannot be built or conflicts)
     "fail": (frozenset({StepState.RUNNING, StepState.PENDING, StepState.FAILED}), StepState.FAILED),
     "mark_unknown": (frozenset({StepState.RUNNING}), StepState.UNKNOWN),
@@ -130,6 +132,10 @@ class Lease:
     owner: str
     generation: int
     seen: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    # The claim took the run over from an executor whose lease expired (it died, or hung):
+    # whatever it was doing may have killed it, so this executor checkpoints every attempt
+    # before making it, local steps included (see executor._execute).
+    taken_over: bool = False
 
 
 def default_owner() -> str:
@@ -582,8 +588,8 @@ def _claim_one(owner: str | None, now: datetime, run_pk: int | None = None) -> L
         claimed = rows.claim(sql, _pick_params(params, now, run_pk), owner, now + lease_duration(), now)
         if claimed is None:
             return None
-        run, steps = claimed
-        return _lease(run, steps)
+        run, steps, taken_over = claimed
+        return _lease(run, steps, taken_over=taken_over)
     with transaction.atomic():
         sql, params = _pick_sql(connection.vendor, run_pk is not None)
         run = next(iter(WorkflowRun.objects.raw(sql, _pick_params(params, now, run_pk))), None)
@@ -630,8 +636,14 @@ def _copy(run: WorkflowRun, steps: Iterable[StepExecution]) -> dict[str, Any]:
     return {"run": run, "steps": by_name}
 
 
-def _lease(run: WorkflowRun, steps: Iterable[StepExecution]) -> Lease:
-    return Lease(run_pk=run.pk, owner=run.lease_owner, generation=run.lease_generation, seen=_copy(run, steps))
+def _lease(run: WorkflowRun, steps: Iterable[StepExecution], *, taken_over: bool) -> Lease:
+    return Lease(
+        run_pk=run.pk,
+        owner=run.lease_owner,
+        generation=run.lease_generation,
+        seen=_copy(run, steps),
+        taken_over=taken_over,
+    )
 
 
 def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
@@ -652,7 +664,7 @@ def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
     _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
     _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
     # The executor's copy, read under the run's lock: it needs no other read while it holds the run.
-    return _lease(run, StepExecution.objects.raw(_steps_sql(connection.vendor), [run.pk]))
+    return _lease(run, StepExecution.objects.raw(_steps_sql(connection.vendor), [run.pk]), taken_over=takeover)
 
 
 def _record_attempt(step: StepExecution, intent: dict[str, Any], request_hash: str, now: datetime) -> list[str]:
@@ -697,21 +709,28 @@ def step_succeed(
     complete_run: bool = False,
     decision: dict[str, Any] | None = None,
     spec: StepSpec | None = None,
+    attempt: tuple[dict[str, Any], str] | None = None,
     action: str = "step_succeed",
     reason: str = "",
     now: datetime | None = None,
 ) -> StepExecution:
     """Checkpoint the observed result as soon as the call returns. ``decision`` (a model
     step's validated proposal) is accepted in the same transaction; ``complete_run`` marks
-    the run completed in it too when this was the last step."""
+    the run completed in it too when this was the last step. ``attempt`` (intent, request
+    hash) counts the attempt in this same checkpoint: for a local step whose effect is in the
+    caller's transaction, where no intent was committed before (nothing could have happened
+    without this commit)."""
 
     def body(change: _StepChange) -> None:
         run, step, now = change.run, change.step, change.now
-        step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+        step.state = _check(STEP_TRANSITIONS, "succeed" if attempt is None else "attempt_succeed", step.state, "step")
         step.remote_ref = outcome.remote_ref
         step.result = outcome.result
         step.next_attempt_at = None
-        _save_step(step, ["state", "remote_ref", "result", "next_attempt_at"], now)
+        fields = ["state", "remote_ref", "result", "next_attempt_at"]
+        if attempt is not None:
+            fields += _record_attempt(step, *attempt, now)
+        _save_step(step, fields, now)
         if decision is not None:
             assert spec is not None and spec.is_decision
             latest = ModelDecision.objects.filter(run=run, step_name=step_name).aggregate(v=Max("version"))["v"] or 0
