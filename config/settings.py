@@ -2,6 +2,7 @@
 SQLite files under var/, the executor in-process, no broker needed."""
 
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -79,6 +80,11 @@ TEMPLATES = [
 ]
 
 
+# The executor's hot path runs as prepared statements on PostgreSQL (recovery/rows.py). 0 behind
+# a connection pooler that cannot keep them (PgBouncer before 1.21 in transaction mode).
+RECOVERY_PREPARED_STATEMENTS = env("RECOVERY_PREPARED_STATEMENTS", "1") == "1"
+
+
 def database(url: str) -> dict:
     # Persistent connections suit Celery workers (a connection per task costs a backend
     # start); leave 0 for runserver, which opens one per request thread.
@@ -91,6 +97,10 @@ def database(url: str) -> dict:
             "transaction_mode": "IMMEDIATE",
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
         }
+    elif config["ENGINE"] == "django.db.backends.postgresql" and RECOVERY_PREPARED_STATEMENTS:
+        # Prepare only what asks to be (the executor's hot path, recovery/rows.py): Django's
+        # own cursors bind on the client and never prepare.
+        config["OPTIONS"] = {**config.get("OPTIONS", {}), "prepare_threshold": sys.maxsize}
     return config
 
 

@@ -18,6 +18,13 @@ pytestmark = pytest.mark.django_db
 EVENT = {"tenant": "t", "order_id": "copy-1"}
 
 
+def verb(sql: str) -> str:
+    """A logged statement's first word. A prepared statement (the executor's, on PostgreSQL) is
+    logged as ``QUERY = '<sql>' - PARAMS = (…)``: Django shows the SQL of a query bound on the
+    server that way."""
+    return sql.removeprefix("QUERY = '").removeprefix('QUERY = "').split()[0].upper()
+
+
 def start() -> WorkflowRun:
     return run_start(workflow="test_orders", data=EVENT)[0]
 
@@ -32,7 +39,7 @@ def test_a_step_checkpoints_in_two_writes_and_reads_nothing_in_between():
         transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
         transitions.step_succeed(lease=lease, step_name="read", outcome=Outcome(result={"text": "x"}))
         _, steps = leased_run(lease)
-    statements = [q["sql"].split()[0].upper() for q in queries.captured_queries]
+    statements = [verb(q["sql"]) for q in queries.captured_queries]
     per_checkpoint = ["WITH"] if connection.vendor == "postgresql" else ["UPDATE", "UPDATE", "INSERT"]
     writes = [s for s in statements if s not in ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT")]
     assert writes == per_checkpoint * 2, queries.captured_queries
@@ -118,3 +125,35 @@ def test_a_transition_refused_by_an_out_of_date_copy_is_decided_on_the_fresh_row
 
     assert step.state == StepState.RUNNING and step.attempts == 1
     assert run.steps.get(step_name="read").state == StepState.RUNNING
+
+
+@pytest.fixture
+def postgresql():
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's (set DATABASE_URL=postgres://…)")
+
+
+def _prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0].lstrip() for row in cursor.fetchall()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_postgresql_the_claim_and_the_checkpoints_run_as_prepared_statements(postgresql):
+    """Planning a claim or a checkpoint costs PostgreSQL about as much as running it: the
+    executor's connection prepares each of its statements once."""
+    connection.close()  # a connection of this test's own: nothing prepared yet
+    advance(start().pk)
+    prepared = _prepared_statements()
+    assert any(s.startswith("WITH picked AS") for s in prepared), prepared  # the claim
+    assert any(s.startswith("WITH fenced AS") for s in prepared), prepared  # a checkpoint
+    assert all("$1" in s for s in prepared)  # bound on the server, not a copy per value
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prepared_statements_can_be_turned_off_for_a_connection_pooler(postgresql, settings):
+    settings.RECOVERY_PREPARED_STATEMENTS = False
+    connection.close()
+    assert advance(start().pk) is not None
+    assert _prepared_statements() == []
