@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -23,6 +24,8 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models
 
 Fields = tuple[models.Field, ...]
+# Fields written by a statement, in its parameters' order, each with whether it is JSON.
+Columns = tuple[tuple[models.Field, bool], ...]
 
 
 def update(model: type[models.Model], pk: int, values: dict[str, Any], **fence: Any) -> int:
@@ -90,39 +93,46 @@ def _fence(fence: dict[str, Any]) -> tuple[tuple[tuple[str, int], ...], list[Any
 _PLAIN = (str, int, bool, type(None))
 
 
-def _params(connection, names: tuple[str, ...], fields: Fields, values: dict[str, Any]) -> list[Any]:
+def _params(connection, names: tuple[str, ...], columns: Columns, values: dict[str, Any]) -> list[Any]:
     params = []
-    for name, field in zip(names, fields, strict=True):
+    # On PostgreSQL the ORM passes an aware datetime through as it is (adapt_datetimefield_value).
+    aware_as_is = connection.vendor == "postgresql"
+    for name, (field, json) in zip(names, columns, strict=True):
         value = values[name]
         # A string, a number or None goes to any column but JSON as it is; the rest (dates,
         # JSON documents) is adapted by the field, as the ORM would.
-        plain = type(value) in _PLAIN and not isinstance(field, models.JSONField)
-        params.append(value if plain else field.get_db_prep_save(value, connection))
+        plain = type(value) in _PLAIN or (aware_as_is and type(value) is datetime and value.tzinfo is not None)
+        params.append(value if plain and not json else field.get_db_prep_save(value, connection))
     return params
+
+
+def _columns(model: type[models.Model], names: tuple[str, ...]) -> Columns:
+    fields = (model._meta.get_field(name) for name in names)
+    return tuple((field, isinstance(field, models.JSONField)) for field in fields)
 
 
 @cache
 def _update_sql(
     vendor: str, model: type[models.Model], names: tuple[str, ...], fence: tuple[tuple[str, int], ...]
-) -> tuple[str, Fields]:
+) -> tuple[str, Columns]:
     quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
     meta = model._meta
-    fields = tuple(meta.get_field(name) for name in names)
-    sets = ", ".join(f"{quote(field.column)} = %s" for field in fields)
+    columns = _columns(model, names)
+    sets = ", ".join(f"{quote(field.column)} = %s" for field, _ in columns)
     where = [f"{quote(meta.pk.column)} = %s"]
     for name, members in fence:
         column = quote(meta.get_field(name).column)
         where.append(f"{column} IN ({', '.join(['%s'] * members)})" if members else f"{column} = %s")
-    return f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {' AND '.join(where)}", fields
+    return f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {' AND '.join(where)}", columns
 
 
 @cache
-def _insert_sql(vendor: str, model: type[models.Model], names: tuple[str, ...]) -> tuple[str, Fields]:
+def _insert_sql(vendor: str, model: type[models.Model], names: tuple[str, ...]) -> tuple[str, Columns]:
     quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
-    fields = tuple(model._meta.get_field(name) for name in names)
-    columns = ", ".join(quote(field.column) for field in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
-    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES ({placeholders})", fields
+    columns = _columns(model, names)
+    names_sql = ", ".join(quote(field.column) for field, _ in columns)
+    placeholders = ", ".join(["%s"] * len(columns))
+    return f"INSERT INTO {quote(model._meta.db_table)} ({names_sql}) VALUES ({placeholders})", columns
 
 
 def checkpoint(
@@ -156,17 +166,17 @@ def _checkpoint_sql(
     fence: tuple[tuple[str, int], ...],
     step_names: tuple[str, ...],
     audit_names: tuple[str, ...],
-) -> tuple[str, Fields, Fields, Fields]:
+) -> tuple[str, Columns, Columns, Columns]:
     from .models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
     run_sql, run_fields = _update_sql(connection.vendor, WorkflowRun, run_names, fence)
     step_sql, step_fields = _update_sql(connection.vendor, StepExecution, step_names, ())
-    audit_fields = tuple(AuditEvent._meta.get_field(name) for name in audit_names)
-    columns = ", ".join(quote(field.column) for field in audit_fields)
+    audit_fields = _columns(AuditEvent, audit_names)
+    columns = ", ".join(quote(field.column) for field, _ in audit_fields)
     # Typed placeholders: in INSERT … SELECT, an untyped literal would be taken as text.
-    values = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field in audit_fields)
+    values = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in audit_fields)
     sql = (
         f"WITH fenced AS ({run_sql} RETURNING 1), "
         f"stepped AS ({step_sql} AND EXISTS (SELECT FROM fenced) RETURNING 1) "
@@ -204,32 +214,37 @@ def claim(
     if not found:
         return None
     split = len(run_fields)
-    run = _instance(connection, WorkflowRun, run_fields, found[0][:split])
+    run = _instance(connection, WorkflowRun, found[0][:split])
     taken_over = found[0][split]
     split += 1
-    steps = [_instance(connection, StepExecution, step_fields, row[split:]) for row in found if row[split] is not None]
+    steps = [_instance(connection, StepExecution, row[split:]) for row in found if row[split] is not None]
     return run, steps, taken_over
 
 
-def _instance(connection, model: type[models.Model], fields: Fields, values: tuple[Any, ...]) -> models.Model:
-    """A model instance from a row, with the values converted as the ORM's own reads would."""
+def _instance(connection, model: type[models.Model], values: tuple[Any, ...]) -> models.Model:
+    """A model instance from a row of all its concrete columns, in order, with the values
+    converted as the ORM's own reads would."""
+    attnames, converters = _reader(connection.vendor, model)
     converted = list(values)
-    for index, col, converters in _converters(connection.vendor, model, fields):
-        for converter in converters:
-            converted[index] = converter(converted[index], col, connection)
-    return model.from_db(DEFAULT_DB_ALIAS, [field.attname for field in fields], converted)
+    for index, col, functions in converters:
+        for function in functions:
+            converted[index] = function(converted[index], col, connection)
+    return model.from_db(DEFAULT_DB_ALIAS, attnames, converted)
 
 
 @cache
-def _converters(vendor: str, model: type[models.Model], fields: Fields) -> list[tuple[int, Any, list[Any]]]:
+def _reader(vendor: str, model: type[models.Model]) -> tuple[list[str], list[tuple[int, Any, list[Any]]]]:
+    """The attribute names of ``model``'s concrete fields and, by position, the converters of
+    those whose values need one (keyed by model: hashing its fields at every read cost more
+    than the conversion)."""
     connection = connections[DEFAULT_DB_ALIAS]
-    found = []
-    for index, field in enumerate(fields):
+    converters = []
+    for index, field in enumerate(model._meta.concrete_fields):
         col = field.get_col(model._meta.db_table)
-        converters = [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]
-        if converters:
-            found.append((index, col, converters))
-    return found
+        functions = [*connection.ops.get_db_converters(col), *col.get_db_converters(connection)]
+        if functions:
+            converters.append((index, col, functions))
+    return [field.attname for field in model._meta.concrete_fields], converters
 
 
 @cache
