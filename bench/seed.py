@@ -724,8 +724,17 @@ def script(r: Run) -> list[Event]:
         cycle = STORM_CYCLE if r.kind == "retry_storm" else RETRY_CYCLE
         cycles = (cycle * (room - len(story)))[: room - len(story)]
         events = head + story + cycles + ending
+    # As the engine stores them: canonical text (recovery.fields; the export hands it out as is).
+    events = [
+        (step, action, reason, _canonical(before), _canonical(after), human)
+        for step, action, reason, before, after, human in events
+    ]
     _SCRIPTS[cache_key] = events
     return events
+
+
+def _canonical(document: str) -> str:
+    return json.dumps(json.loads(document), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
 def audit_rows(plan: Plan, user_id: int) -> Iterator[str]:

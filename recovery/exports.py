@@ -36,9 +36,11 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
-from django.db.models import Q
+from django.db import connection
+from django.db.models import F, Func, Q, QuerySet, TextField
 
 from . import clock
+from .fields import canonical_json
 from .models import AuditEvent, WorkflowRun
 
 BATCH_SIZE = 2000
@@ -155,6 +157,19 @@ def audit_events(filters: AuditFilters, *, batch_size: int = BATCH_SIZE) -> Iter
     transaction stays open between batches (a server-side cursor would need a transaction for
     the whole download). Each event comes with its run (``workflow_id``, ``workflow_name``).
     """
+    events = _matching(filters)
+    page = events
+    make = AuditRow._make
+    while True:
+        batch = list(page.values_list(*_ROW_FIELDS)[:batch_size])
+        yield from map(make, batch)
+        if len(batch) < batch_size:
+            return
+        last = make(batch[-1])
+        page = events.filter(_after(last.at, last.id))
+
+
+def _matching(filters: AuditFilters) -> QuerySet[AuditEvent]:
     query = Q()
     if filters.run is not None:
         query &= Q(run__workflow_id=filters.run)
@@ -168,17 +183,17 @@ def audit_events(filters: AuditFilters, *, batch_size: int = BATCH_SIZE) -> Iter
         query &= Q(actor=filters.actor)
     if filters.action is not None:
         query &= Q(action=filters.action)
-    events = AuditEvent.objects.filter(query).order_by("at", "id")
-    page = events
-    make = AuditRow._make
-    while True:
-        batch = list(page.values_list(*_ROW_FIELDS)[:batch_size])
-        yield from map(make, batch)
-        if len(batch) < batch_size:
-            return
-        last = make(batch[-1])
-        # (at, id) > (last.at, last.id), written so that the `at` index bounds the scan.
-        page = events.filter(at__gte=last.at).filter(Q(at__gt=last.at) | Q(id__gt=last.id))
+    return AuditEvent.objects.filter(query).order_by("at", "id")
+
+
+def _after(at: datetime, pk: int) -> Q:
+    """(at, id) > (at, pk), written so that the ``at`` index bounds the scan."""
+    return Q(at__gte=at) & (Q(at__gt=at) | Q(id__gt=pk))
+
+
+def _up_to(at: datetime, pk: int) -> Q:
+    """(at, id) <= (at, pk)."""
+    return Q(at__lte=at) & (Q(at__lt=at) | Q(id__lte=pk))
 
 
 def _as_row(event: AuditRow | AuditEvent) -> AuditRow:
@@ -204,8 +219,8 @@ def _at(value: datetime) -> str:
 
 
 # Built once (json.dumps with options builds a new encoder at every call). Compact JSON, not
-# ASCII-escaped; ``_compact_json`` also sorts keys at every depth (``before`` and ``after``).
-_compact_json = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
+# ASCII-escaped; ``before`` and ``after`` are canonical (keys sorted at every depth), as stored.
+_compact_json = canonical_json
 _json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -286,15 +301,32 @@ FORMATS: dict[str, ExportFormat] = {
 }
 
 
+@dataclass
+class ExportCount:
+    """How many events an export wrote (filled in as it streams)."""
+
+    events: int = 0
+
+
 def export_chunks(
-    filters: AuditFilters, *, events: Iterable[AuditRow | AuditEvent] | None = None, chunk_chars: int = 64 * 1024
+    filters: AuditFilters,
+    *,
+    events: Iterable[AuditRow | AuditEvent] | None = None,
+    chunk_chars: int = 64 * 1024,
+    count: ExportCount | None = None,
 ) -> Iterator[str]:
     """The whole export in the filters' format (of ``events``, by default
     ``audit_events(filters)``), as chunks of about ``chunk_chars`` characters: few enough
-    writes for a socket or a file, small enough to keep memory flat."""
+    writes for a socket or a file, small enough to keep memory flat. On PostgreSQL, without
+    ``events``, the database writes the lines (``_copied_chunks``): the same bytes, several
+    times faster. ``count`` learns how many events were written."""
+    count = count if count is not None else ExportCount()
+    if events is None and connection.vendor == "postgresql":
+        yield from _copied_chunks(filters, chunk_chars, count)
+        return
     buffer: list[str] = []
     size = 0
-    for line in FORMATS[filters.format].lines(audit_events(filters) if events is None else events):
+    for line in FORMATS[filters.format].lines(_counted(audit_events(filters) if events is None else events, count)):
         buffer.append(line)
         size += len(line)
         if size >= chunk_chars:
@@ -302,6 +334,118 @@ def export_chunks(
             buffer, size = [], 0
     if buffer:
         yield "".join(buffer)
+
+
+def _counted(events: Iterable[AuditRow | AuditEvent], count: ExportCount) -> Iterator[AuditRow | AuditEvent]:
+    for event in events:
+        count.events += 1
+        yield event
+
+
+# --- PostgreSQL: the database writes the lines -----------------------------------------
+#
+# Each batch of COPY_BATCH_SIZE events is one ``COPY (SELECT …) TO STDOUT`` whose rows are the
+# export's lines, byte for byte what csv_lines and jsonl_lines write (the tests compare them on
+# awkward values): ``before`` and ``after`` are stored as canonical JSON text in ``json``
+# columns (recovery.fields), which PostgreSQL hands out as stored. A short index-only query
+# finds where each batch ends, so that, as in ``audit_events``, nothing stays open between
+# batches.
+#
+# CSV: COPY's CSV writer quotes a cell exactly when Python's csv module does (a comma, a double
+# quote, CR or LF; quotes doubled). Two differences are bridged: COPY writes a non-NULL empty
+# string as "" where Python writes nothing (so empty cells are sent as NULL, which COPY writes as
+# nothing), and COPY ends a row with LF where the export ends it with CRLF (each COPY message
+# is one row: its final LF becomes CRLF; a LF inside a quoted cell stays, as Python writes it).
+#
+# JSON Lines: one text column, the line, which COPY ends with LF. It is written by COPY's CSV
+# writer with a quote and a delimiter that a JSON line cannot contain raw (JSON text escapes
+# every control character), so that it is never quoted; COPY's text format would escape
+# backslashes.
+
+COPY_BATCH_SIZE = 10_000
+_CSV_COPY = "COPY ({}) TO STDOUT (FORMAT csv)"
+_VERBATIM_COPY = r"COPY ({}) TO STDOUT (FORMAT csv, QUOTE E'\x01', DELIMITER E'\x02')"
+_AT_SQL = """to_char({0} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""  # as _at()
+_TRIGGERS_SQL = ", ".join(f"chr({ord(c)})" for c in FORMULA_TRIGGERS)
+_CSV_CELL_SQL = "CASE WHEN left({0}, 1) IN (" + _TRIGGERS_SQL + ") THEN '''' || {0} ELSE NULLIF({0}, '') END"
+
+
+class _Sql(Func):
+    """Text from an SQL ``template`` in which ``{0}``, ``{1}``… stand for the compiled
+    expressions (columns: they carry no parameters, so each may appear more than once)."""
+
+    def __init__(self, template: str, *expressions: Any):
+        super().__init__(*expressions, output_field=TextField())
+        self.sql_template = template
+
+    def as_sql(self, compiler, connection, **extra_context):
+        compiled = []
+        for expression in self.get_source_expressions():
+            sql, params = compiler.compile(expression)
+            assert not params, "an _Sql expression takes columns only"
+            compiled.append(sql)
+        return self.sql_template.format(*compiled), []
+
+
+def _csv_cells() -> dict[str, Any]:
+    """The CSV columns, in COLUMNS order: formula-like cells prefixed as csv_lines does, empty
+    cells as NULL."""
+    cells: dict[str, Any] = {"csv_at": _Sql(_AT_SQL, F("at"))}
+    for column, field in zip(COLUMNS[1:7], _ROW_FIELDS[1:7], strict=True):
+        cells[f"csv_{column}"] = _Sql(_CSV_CELL_SQL, F(field))
+    for column in ("before", "after"):
+        cells[f"csv_{column}"] = _Sql(_CSV_CELL_SQL.replace("{0}", "CAST({0} AS text)"), F(column))
+    cells["csv_event_id"] = F("id")
+    return cells
+
+
+def _literal(text: str) -> str:
+    """An SQL string literal of ``text``, escaped for an _Sql template."""
+    return "'" + text.replace("'", "''").replace("{", "{{").replace("}", "}}") + "'"
+
+
+def _jsonl_line() -> _Sql:
+    """A line as jsonl_lines writes it, but its LF; ``{i}`` is _ROW_FIELDS[i]."""
+    values = {
+        "at": f"""'"' || {_AT_SQL} || '"'""",
+        "before": "CAST({0} AS text)",
+        "after": "CAST({0} AS text)",
+        "event_id": "CAST({0} AS text)",
+    }
+    pieces = []
+    for index, column in enumerate(COLUMNS):
+        pieces.append(_literal(("{" if index == 0 else ",") + _json(column) + ":"))
+        pieces.append(values.get(column, "to_json({0})::text").replace("{0}", f"{{{index}}}"))
+    pieces.append(_literal("}"))  # and COPY ends the row with LF
+    return _Sql(" || ".join(pieces), *map(F, _ROW_FIELDS))
+
+
+def _copied_chunks(filters: AuditFilters, chunk_chars: int, count: ExportCount) -> Iterator[str]:
+    events = _matching(filters)
+    if filters.format == "csv":
+        cells, statement = _csv_cells(), _CSV_COPY
+        yield csv.writer(_Echo()).writerow(COLUMNS)
+    else:
+        cells, statement = {"line": _jsonl_line()}, _VERBATIM_COPY
+    page = events
+    while True:
+        end = page.values_list("at", "id")[COPY_BATCH_SIZE - 1 : COPY_BATCH_SIZE].first()
+        batch = page if end is None else page.filter(_up_to(*end))
+        sql = connection.ops.compose_sql(*batch.annotate(**cells).values_list(*cells).query.sql_with_params())
+        with connection.cursor() as cursor, cursor.copy(statement.format(sql)) as copy:  # COPY takes no parameters
+            rows = list(copy)
+        count.events += len(rows)
+        data = b"".join(rows)
+        if filters.format == "csv" and data.count(b"\n") != len(rows):
+            data = b"".join(bytes(row[:-1]) + b"\r\n" for row in rows)  # a cell holds a LF
+        elif filters.format == "csv":
+            data = data.replace(b"\n", b"\r\n")  # every LF ends a row
+        text = data.decode()
+        for start in range(0, len(text), chunk_chars):
+            yield text[start : start + chunk_chars]
+        if end is None:
+            return
+        page = events.filter(_after(*end))
 
 
 async def aexport_chunks(filters: AuditFilters, **kwargs: Any) -> AsyncIterator[str]:

@@ -7,6 +7,7 @@ from django.db import models
 from simple_history.models import HistoricalRecords
 
 from .errors import ErrorKind
+from .fields import CanonicalJSONField
 
 
 class RunState(models.TextChoices):
@@ -186,8 +187,9 @@ class AuditEvent(models.Model):
     )
     action = models.CharField(max_length=50)
     reason = models.TextField(blank=True)
-    before = models.JSONField(default=dict)
-    after = models.JSONField(default=dict)
+    # Canonical text (the export streams it as stored): see recovery.fields.
+    before = CanonicalJSONField(default=dict)
+    after = CanonicalJSONField(default=dict)
     at = models.DateTimeField()
 
     class Meta:

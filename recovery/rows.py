@@ -14,6 +14,7 @@ checkpoint costs PostgreSQL about as much as running it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -97,12 +98,12 @@ def _params(connection, names: tuple[str, ...], columns: Columns, values: dict[s
     params = []
     # On PostgreSQL the ORM passes an aware datetime through as it is (adapt_datetimefield_value).
     aware_as_is = connection.vendor == "postgresql"
-    for name, (field, json) in zip(names, columns, strict=True):
+    for name, (field, is_json) in zip(names, columns, strict=True):
         value = values[name]
         # A string, a number or None goes to any column but JSON as it is; the rest (dates,
         # JSON documents) is adapted by the field, as the ORM would.
         plain = type(value) in _PLAIN or (aware_as_is and type(value) is datetime and value.tzinfo is not None)
-        params.append(value if plain and not json else field.get_db_prep_save(value, connection))
+        params.append(value if plain and not is_json else field.get_db_prep_save(value, connection))
     return params
 
 
@@ -247,6 +248,15 @@ def _reader(vendor: str, model: type[models.Model]) -> tuple[list[str], list[tup
     return [field.attname for field in model._meta.concrete_fields], converters
 
 
+def _json_object(members: dict[str, str]) -> str:
+    """SQL for the ``json`` object of these keys and text-valued SQL expressions, as the
+    canonical text ``recovery.fields.canonical_json`` writes (the audit columns' format)."""
+    pairs = " || ',' || ".join(
+        f"'{json.dumps(key)}:' || to_json({expression})::text" for key, expression in sorted(members.items())
+    )
+    return f"CAST('{{' || {pairs} || '}}' AS json)"
+
+
 @cache
 def _claim_sql(pick_sql: str) -> tuple[str, Fields, Fields]:
     from .models import AuditEvent, StepExecution, WorkflowRun
@@ -278,9 +288,9 @@ def _claim_sql(pick_sql: str) -> tuple[str, Fields, Fields]:
             SELECT "id", '',
                 CASE WHEN before_owner <> '' THEN 'lease_takeover' ELSE 'claim' END, '',
                 CASE WHEN before_owner <> ''
-                    THEN jsonb_build_object('run', before_state, 'lease_owner', before_owner)
-                    ELSE jsonb_build_object('run', before_state) END,
-                jsonb_build_object('run', "state", 'lease_owner', "lease_owner"),
+                    THEN {_json_object({"run": "before_state", "lease_owner": "before_owner"})}
+                    ELSE {_json_object({"run": "before_state"})} END,
+                {_json_object({"run": '"state"', "lease_owner": '"lease_owner"'})},
                 CAST(%s AS timestamp with time zone), 'executor', NULL
             FROM claimed
         )

@@ -33,16 +33,9 @@ class Command(RecoveryCommand):
             for chunk in exports.export_chunks(filters):
                 self.stdout.write(chunk, ending="")
             return
-        exported = 0
-
-        def counted(events):
-            nonlocal exported
-            for event in events:
-                exported += 1
-                yield event
-
-        _write_atomically(Path(output), exports.export_chunks(filters, events=counted(exports.audit_events(filters))))
-        self.stdout.write(f"exported {exported} audit events to {output}")
+        count = exports.ExportCount()
+        _write_atomically(Path(output), exports.export_chunks(filters, count=count))
+        self.stdout.write(f"exported {count.events} audit events to {output}")
 
 
 def _write_atomically(path: Path, chunks: Iterable[str]) -> None:
