@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from recovery import clock as engine_clock
@@ -44,6 +45,21 @@ def crash_at(monkeypatch, failpoint: str, call: Callable[[], Any]) -> None:
             call()
     finally:
         monkeypatch.delenv("RECOVERY_FAILPOINTS")
+
+
+def advance_as_dying_workers(run: WorkflowRun, clock: MovableClock, rounds: int) -> WorkflowRun:
+    """``rounds`` executors in turn, each taking the run over once the last one's lease has
+    expired; an armed failpoint's raise ends an executor as a crash would."""
+    from recovery.executor import advance
+
+    for _ in range(rounds):
+        try:
+            advance(run.pk)
+        except failpoints.FailpointRaised:
+            pass
+        clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
+    run.refresh_from_db()
+    return run
 
 
 def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 60) -> WorkflowRun:

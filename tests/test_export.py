@@ -144,7 +144,7 @@ def test_the_export_written_by_the_database_is_the_python_one_across_batches_and
     timestamps (elsewhere both sides are the Python writer)."""
     run = start(now=MAY_1 - timedelta(days=1))
     for i in range(23):
-        add_event(run, MAY_1 + timedelta(seconds=i // 5), reason=f"{i},\n\"{i}\"", before={"i": i, "é": [i]})
+        add_event(run, MAY_1 + timedelta(seconds=i // 5), reason=f'{i},\n"{i}"', before={"i": i, "é": [i]})
     filters = parse_filters({"format": fmt})
     expected = "".join(exports.FORMATS[fmt].lines(audit_events(filters)))
     assert expected.count("\n") >= 24

@@ -7,12 +7,11 @@ the outcome AND counts what must not exist: tasks, messages, ledger entries, mod
 import pytest
 from django.conf import settings
 
-from recovery import failpoints
 from recovery.errors import ErrorKind
 from recovery.executor import advance
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState, WorkflowRun
 from recovery.transitions import run_start
-from tests.conftest import assert_invariants, crash_at, drive
+from tests.conftest import advance_as_dying_workers, assert_invariants, crash_at, drive
 from tests.support import receivers
 from tests.support.workflows import FAST
 
@@ -251,14 +250,7 @@ def test_same_key_with_a_different_request_is_a_visible_conflict_not_a_replay(cl
 def test_a_step_that_kills_its_worker_every_time_goes_to_review_not_round_forever(clock, monkeypatch):
     """Rule 9: no unbounded loop, even when every attempt dies before its outcome is saved."""
     monkeypatch.setenv("RECOVERY_FAILPOINTS", "read:after_call=raise")
-    run = start()
-    for _ in range(FAST.maximum_attempts + 2):
-        try:
-            advance(run.pk)
-        except failpoints.FailpointRaised:
-            pass
-        clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
-    run.refresh_from_db()
+    run = advance_as_dying_workers(start(), clock, FAST.maximum_attempts + 2)
     assert run.state == RunState.NEEDS_REVIEW
     assert step(run, "read").attempts == FAST.maximum_attempts
     assert "without a recorded outcome" in run.status_reason

@@ -3,7 +3,6 @@ transaction that records the step's outcome. Under every fault of the matrix eac
 exists exactly once at the end, and a failed or interrupted attempt leaves none."""
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -13,7 +12,7 @@ from recovery.executor import advance
 from recovery.models import AuditEvent, RunState, StepState
 from recovery.testing import fault_matrix
 from recovery.transitions import run_start
-from tests.conftest import drive
+from tests.conftest import advance_as_dying_workers, drive
 from tests.support.models import RemoteObject
 from tests.support.workflows import FAST
 
@@ -98,13 +97,7 @@ def test_a_local_step_that_kills_its_worker_every_time_goes_to_review_not_round_
     attempt after a takeover is counted first, so the budget is met and the run goes to review."""
     monkeypatch.setenv("RECOVERY_FAILPOINTS", "reserve:after_call=raise")
     run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "poison"})[0]
-    for _ in range(FAST.maximum_attempts + 3):
-        try:
-            advance(run.pk)
-        except failpoints.FailpointRaised:
-            pass
-        clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
-    run.refresh_from_db()
+    run = advance_as_dying_workers(run, clock, FAST.maximum_attempts + 3)
     assert run.state == RunState.NEEDS_REVIEW
     assert "without a recorded outcome" in run.status_reason
     assert run.steps.get(step_name="reserve").attempts == FAST.maximum_attempts
