@@ -26,7 +26,9 @@ ours     The production code path: M runs started in bulk with ``recovery.transi
          ``RECOVERY_WORKFLOW_MODULES=workflows.registry,bench.executor_workflow``. Its steps are
          local steps (``local=True``): the insert is made on Django's connection inside the
          transaction that records the step's outcome, as one writes a step whose effect is in the
-         engine's own database — two commits per step, like the ceiling. Children run with
+         engine's own database — one commit per step (effect, attempt and outcome), where the
+         ceiling makes two (nothing needs committing before an effect that only exists once
+         committed). Children run with
          DJANGO_DEBUG=0 (no query log) and DATABASE_CONN_MAX_AGE=60; the embedded sandbox
          database is a temporary SQLite file.
 ours_call  The same, with the steps declared as ordinary calls (BENCH_STEPS=call): the insert
