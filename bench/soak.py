@@ -929,9 +929,9 @@ class Soak:
                       (SELECT count(*) FROM recovery_auditevent a WHERE a.run_id = r.id AND a.action = 'start'),
                       (SELECT a.action FROM recovery_auditevent a WHERE a.run_id = r.id ORDER BY a.id LIMIT 1),
                       (SELECT a.after ->> 'run' FROM recovery_auditevent a
-                        WHERE a.run_id = r.id AND a.after ? 'run' ORDER BY a.id DESC LIMIT 1),
+                        WHERE a.run_id = r.id AND a.after::jsonb ? 'run' ORDER BY a.id DESC LIMIT 1),
                       (SELECT a.action FROM recovery_auditevent a
-                        WHERE a.run_id = r.id AND a.after ? 'run' ORDER BY a.id DESC LIMIT 1)
+                        WHERE a.run_id = r.id AND a.after::jsonb ? 'run' ORDER BY a.id DESC LIMIT 1)
                     FROM recovery_workflowrun r
                     """
                 )
