@@ -52,6 +52,11 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
+if __package__ in (None, ""):  # run as a script: make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from recovery.fields import canonical_json  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE = str(ROOT / "manage.py")
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -726,15 +731,11 @@ def script(r: Run) -> list[Event]:
         events = head + story + cycles + ending
     # As the engine stores them: canonical text (recovery.fields; the export hands it out as is).
     events = [
-        (step, action, reason, _canonical(before), _canonical(after), human)
+        (step, action, reason, canonical_json(json.loads(before)), canonical_json(json.loads(after)), human)
         for step, action, reason, before, after, human in events
     ]
     _SCRIPTS[cache_key] = events
     return events
-
-
-def _canonical(document: str) -> str:
-    return json.dumps(json.loads(document), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
 def audit_rows(plan: Plan, user_id: int) -> Iterator[str]:
