@@ -202,12 +202,18 @@ class _Key(Func):
         self.op = op
 
     def as_sql(self, compiler, connection, **extra_context):
-        sql, params = [], []
-        for expression in self.get_source_expressions():
-            part, part_params = compiler.compile(expression)
-            sql.append(part)
-            params.extend(part_params)
+        sql, params = _compiled(compiler, self)
         return f"({sql[0]}, {sql[1]}) {self.op} ({sql[2]}, {sql[3]})", params
+
+
+def _compiled(compiler, expression: Func) -> tuple[list[str], list[Any]]:
+    """The SQL of each of ``expression``'s sources, and all their parameters in order."""
+    sql, params = [], []
+    for source in expression.get_source_expressions():
+        part, part_params = compiler.compile(source)
+        sql.append(part)
+        params.extend(part_params)
+    return sql, params
 
 
 def _after(at: datetime, pk: int) -> _Key:
@@ -241,8 +247,7 @@ def _at(value: datetime) -> str:
 
 
 # Built once (json.dumps with options builds a new encoder at every call). Compact JSON, not
-# ASCII-escaped; ``before`` and ``after`` are canonical (keys sorted at every depth), as stored.
-_compact_json = canonical_json
+# ASCII-escaped; ``before`` and ``after`` are written canonical (keys sorted at every depth), as stored.
 _json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -266,7 +271,7 @@ def csv_lines(events: Iterable[AuditRow | AuditEvent]) -> Iterator[str]:
     yield writerow(COLUMNS)
     for event in events:
         at, workflow_id, workflow, step, actor, action, reason, before, after, event_id = _as_row(event)
-        cells = [workflow_id, workflow, step, actor, action, reason, _compact_json(before), _compact_json(after)]
+        cells = [workflow_id, workflow, step, actor, action, reason, canonical_json(before), canonical_json(after)]
         # ``at`` starts with a digit (never a trigger); the rest as _neutralise_formula, inline.
         row = [_at(at)]
         row += [
@@ -300,9 +305,9 @@ def jsonl_lines(events: Iterable[AuditRow | AuditEvent]) -> Iterator[str]:
                 ',"reason":',
                 _json(reason),
                 ',"before":',
-                _compact_json(before),
+                canonical_json(before),
                 ',"after":',
-                _compact_json(after),
+                canonical_json(after),
                 ',"event_id":',
                 _json(event_id),
                 "}\n",
@@ -405,12 +410,9 @@ class _Sql(Func):
         self.sql_template = template
 
     def as_sql(self, compiler, connection, **extra_context):
-        compiled = []
-        for expression in self.get_source_expressions():
-            sql, params = compiler.compile(expression)
-            assert not params, "an _Sql expression takes columns only"
-            compiled.append(sql)
-        return self.sql_template.format(*compiled), []
+        sql, params = _compiled(compiler, self)
+        assert not params, "an _Sql expression takes columns only"
+        return self.sql_template.format(*sql), []
 
 
 def _csv_cells() -> dict[str, Any]:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from django.db import models
+from psycopg.types.json import Json
 
 # Built once (json.dumps with options builds a new encoder at every call).
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode
@@ -34,8 +35,6 @@ class CanonicalJSONField(models.JSONField):
         if not prepared:
             value = self.get_prep_value(value)
         if connection.vendor == "postgresql":
-            from psycopg.types.json import Json
-
             return Json(value, dumps=canonical_json)
         return canonical_json(value)
 
