@@ -63,10 +63,10 @@ FROM = """FROM recovery_auditevent e JOIN recovery_workflowrun r ON r.id = e.run
           WHERE ({until} IS NULL OR e.at < {until}) ORDER BY e.at, e.id"""
 COPY_SQL = {
     "csv": "COPY (SELECT e.at, r.workflow_id, r.workflow_name, e.step_name, e.actor, e.action, e.reason, e.before, "
-    "e.after, e.id " + FROM + ") TO STDOUT (FORMAT csv, HEADER)",
+    "e.after, e.id, e.prev_hash, e.hash " + FROM + ") TO STDOUT (FORMAT csv, HEADER)",
     "jsonl": "COPY (SELECT json_build_object('at', e.at, 'workflow_id', r.workflow_id, 'workflow', r.workflow_name, "
     "'step', e.step_name, 'actor', e.actor, 'action', e.action, 'reason', e.reason, 'before', e.before, "
-    "'after', e.after, 'event_id', e.id) " + FROM + ") TO STDOUT",
+    "'after', e.after, 'event_id', e.id, 'prev_hash', e.prev_hash, 'hash', e.hash) " + FROM + ") TO STDOUT",
 }
 
 

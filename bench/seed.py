@@ -55,6 +55,7 @@ from psycopg import sql
 if __package__ in (None, ""):  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from recovery import audit_chain  # noqa: E402
 from recovery.fields import canonical_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -746,18 +747,28 @@ def audit_rows(plan: Plan, user_id: int) -> Iterator[str]:
         n = len(events)
         span = r.updated - r.created
         rid = str(r.id)
+        workflow_id = r.workflow_id
+        prev = ""
         for j, (step, action, reason, before, after, human) in enumerate(events):
             event_id += 1
             if "#N#" in after:
                 after = after.replace("#N#", rid)
             is_human = human and r.human
-            yield (
-                f"{event_id}\t{step}\t{HUMAN_USERNAME if is_human else 'executor'}\t{action}\t{reason}\t{before}\t"
-                f"{after}\t{ts(r.created + span * j / n)}\t{user if is_human else NULL}\t{rid}\n"
+            actor = HUMAN_USERNAME if is_human else "executor"
+            at = datetime.fromtimestamp(r.created + span * j / n, UTC)
+            # The chain the database's trigger would have computed (disabled for the COPY: with the
+            # indexes dropped, its look-up of the run's previous event would read the whole table).
+            digest = audit_chain.event_hash(
+                prev, (audit_chain.at_text(at), workflow_id, "invoice", step, actor, action, reason, before, after)
             )
+            yield (
+                f"{event_id}\t{step}\t{actor}\t{action}\t{reason}\t{before}\t"
+                f"{after}\t{at.isoformat(' ')}\t{user if is_human else NULL}\t{rid}\t{prev}\t{digest}\n"
+            )
+            prev = digest
 
 
-AUDIT_COLUMNS = "id, step_name, actor, action, reason, before, after, at, actor_user_id, run_id"
+AUDIT_COLUMNS = "id, step_name, actor, action, reason, before, after, at, actor_user_id, run_id, prev_hash, hash"
 
 
 def decision_rows(plan: Plan) -> Iterator[str]:
@@ -945,6 +956,8 @@ def copy_table(conn: psycopg.Connection, table: str, columns: str, rows: Iterato
                 + sql.SQL(TYPE_DEFAULTS[kind])  # type: ignore[arg-type]
             )
         conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))
+        if table == audit_chain.TABLE:  # the rows carry their chain (audit_rows)
+            conn.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER recovery_audit_chain").format(sql.Identifier(table)))
         with conn.cursor() as cur:
             statement = sql.SQL("COPY {} ({}) FROM STDIN (FREEZE)").format(sql.Identifier(table), sql.SQL(columns))
             with cur.copy(statement) as copy:  # type: ignore[arg-type]
@@ -958,6 +971,8 @@ def copy_table(conn: psycopg.Connection, table: str, columns: str, rows: Iterato
                 if buffer:
                     copy.write("".join(buffer).encode())
                     n += len(buffer)
+        if table == audit_chain.TABLE:
+            conn.execute(sql.SQL("ALTER TABLE {} ENABLE TRIGGER recovery_audit_chain").format(sql.Identifier(table)))
         for name, _ in missing:
             conn.execute(
                 sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP DEFAULT").format(

@@ -9,7 +9,12 @@ class RecoveryConfig(AppConfig):
     verbose_name = "Recovery engine"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
+
         from . import checks  # noqa: F401  (registers the system checks)
+        from .audit_chain import register_sqlite_functions
+
+        connection_created.connect(register_sqlite_functions, dispatch_uid="recovery_audit_hash")
 
         for module in settings.RECOVERY_WORKFLOW_MODULES:
             import_module(module)

@@ -3,7 +3,9 @@
 
 Columns, in this order: ``at`` (ISO 8601, UTC, always with microseconds), ``workflow_id``,
 ``workflow`` (the run's workflow name), ``step``, ``actor``, ``action``, ``reason``, ``before``,
-``after`` (the state before and after, as compact JSON with sorted keys) and ``event_id``.
+``after`` (the state before and after, as compact JSON with sorted keys), ``event_id``, and
+``prev_hash`` and ``hash``, the event's link in its run's hash chain (recovery.audit_chain:
+an auditor verifies a JSON Lines export offline with ``verify_audit --file``).
 
 Filters (all optional, combined with AND): ``run`` (one workflow id), ``since`` (inclusive) and
 ``until`` (exclusive), each an ISO 8601 date or datetime (a date means midnight UTC, a datetime
@@ -48,7 +50,20 @@ from .models import AuditEvent, WorkflowRun
 
 BATCH_SIZE = 2000
 
-COLUMNS = ("at", "workflow_id", "workflow", "step", "actor", "action", "reason", "before", "after", "event_id")
+COLUMNS = (
+    "at",
+    "workflow_id",
+    "workflow",
+    "step",
+    "actor",
+    "action",
+    "reason",
+    "before",
+    "after",
+    "event_id",
+    "prev_hash",
+    "hash",
+)
 
 # Cells starting with these are formulas (or become formulas once a spreadsheet strips them).
 FORMULA_TRIGGERS = ("=", "+", "-", "@", "\t", "\r")
@@ -135,6 +150,8 @@ class AuditRow(NamedTuple):
     before: Any
     after: Any
     id: int
+    prev_hash: str = ""
+    hash: str = ""
 
 
 _ROW_FIELDS = (
@@ -148,6 +165,8 @@ _ROW_FIELDS = (
     "before",
     "after",
     "id",
+    "prev_hash",
+    "hash",
 )
 
 
@@ -239,6 +258,8 @@ def _as_row(event: AuditRow | AuditEvent) -> AuditRow:
         event.before,
         event.after,
         event.id,
+        event.prev_hash,
+        event.hash,
     )
 
 
@@ -270,14 +291,14 @@ def csv_lines(events: Iterable[AuditRow | AuditEvent]) -> Iterator[str]:
     triggers = FORMULA_TRIGGERS
     yield writerow(COLUMNS)
     for event in events:
-        at, workflow_id, workflow, step, actor, action, reason, before, after, event_id = _as_row(event)
+        at, workflow_id, workflow, step, actor, action, reason, before, after, event_id, prev, digest = _as_row(event)
         cells = [workflow_id, workflow, step, actor, action, reason, canonical_json(before), canonical_json(after)]
         # ``at`` starts with a digit (never a trigger); the rest as _neutralise_formula, inline.
         row = [_at(at)]
         row += [
             ("'" + cell if cell.startswith(triggers) else cell) if isinstance(cell, str) else cell for cell in cells
         ]
-        row.append(event_id)
+        row += [event_id, prev, digest]  # a number and hex digests: never formulas
         yield writerow(row)
 
 
@@ -287,7 +308,7 @@ def jsonl_lines(events: Iterable[AuditRow | AuditEvent]) -> Iterator[str]:
     ``json.dumps(row, separators=(",", ":"), ensure_ascii=False)`` of the row (with key-sorted
     ``before`` and ``after``) writes, without building the row."""
     for event in events:
-        at, workflow_id, workflow, step, actor, action, reason, before, after, event_id = _as_row(event)
+        at, workflow_id, workflow, step, actor, action, reason, before, after, event_id, prev, digest = _as_row(event)
         yield "".join(
             (
                 '{"at":',
@@ -310,7 +331,11 @@ def jsonl_lines(events: Iterable[AuditRow | AuditEvent]) -> Iterator[str]:
                 canonical_json(after),
                 ',"event_id":',
                 _json(event_id),
-                "}\n",
+                ',"prev_hash":"',
+                prev,
+                '","hash":"',
+                digest,
+                '"}\n',  # hex digests: nothing to escape
             )
         )
 
@@ -424,6 +449,8 @@ def _csv_cells() -> dict[str, Any]:
     for column in ("before", "after"):
         cells[f"csv_{column}"] = _Sql(_CSV_CELL_SQL.replace("{0}", "CAST({0} AS text)"), F(column))
     cells["csv_event_id"] = F("id")
+    for column in ("prev_hash", "hash"):
+        cells[f"csv_{column}"] = _Sql("NULLIF({0}, '')", F(column))  # hex: never a formula
     return cells
 
 

@@ -176,7 +176,9 @@ FAILURE_ACTIONS = ["step_fail", "step_unknown", "outbox_retry"]
 
 
 class AuditEvent(models.Model):
-    """Append-only: one row per transition, written in the transition's transaction."""
+    """Append-only: one row per transition, written in the transition's transaction. The
+    database refuses to update or delete one (triggers, recovery.audit_chain), and chains each
+    run's events by hash."""
 
     # Indexes cost every checkpoint: run is indexed by audit_run_at_idx, actor_user only where set.
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="audit_events", db_index=False)
@@ -191,6 +193,10 @@ class AuditEvent(models.Model):
     before = CanonicalJSONField(default=dict)
     after = CanonicalJSONField(default=dict)
     at = models.DateTimeField()
+    # Tamper evidence (recovery.audit_chain): set by the database as the row is inserted, over
+    # the event's content and the hash of the run's previous event. Never written by Python.
+    prev_hash = models.CharField(max_length=64, blank=True, default="", db_default="", editable=False)
+    hash = models.CharField(max_length=64, blank=True, default="", db_default="", editable=False)
 
     class Meta:
         ordering = ["run", "at", "id"]

@@ -121,3 +121,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _flushable_audit_on_sqlite():
+    """A transactional test ends with a flush, which on SQLite is a DELETE of every row: the
+    audit table's append-only trigger refuses it (PostgreSQL's flush is a TRUNCATE, which no
+    row trigger sees). Lift that one trigger for the flush only."""
+    from django.db import connections
+    from django.test import TransactionTestCase
+
+    from recovery import audit_chain
+
+    original = TransactionTestCase._fixture_teardown
+
+    def teardown(self):
+        sqlite = [connections[alias] for alias in self._databases_names(include_mirrors=False)]
+        sqlite = [c for c in sqlite if c.vendor == "sqlite" and c.alias == "default"]
+        for c in sqlite:
+            with c.cursor() as cursor:
+                cursor.execute("DROP TRIGGER IF EXISTS recovery_audit_no_delete")
+        try:
+            original(self)
+        finally:
+            for c in sqlite:
+                with c.cursor() as cursor:
+                    cursor.execute(audit_chain.SQLITE_NO_DELETE)
+
+    TransactionTestCase._fixture_teardown = teardown
+    yield
+    TransactionTestCase._fixture_teardown = original

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 from django.db import connections
 
+from recovery import audit_chain
 from recovery.executor import advance
 from recovery.models import AuditEvent, StepExecution, WorkflowRun
 from recovery.transitions import run_start
@@ -42,6 +43,14 @@ def in_threads(n: int, fn) -> list:
     return results
 
 
+def assert_chains_intact() -> None:
+    """Every run's audit events form one unbroken hash chain: no two writers of a run's
+    events ever read the same previous event (each holds the run's lock)."""
+    result = audit_chain.verify(audit_chain.stored_chains())
+    assert result.first is None, str(result.first)
+    assert result.events == AuditEvent.objects.count() and result.runs == WorkflowRun.objects.count()
+
+
 def test_fifty_concurrent_starts_of_one_event_make_one_run(postgres_only):
     results = in_threads(50, lambda i: run_start(workflow="test_orders", data=dict(EVENT)))
     assert WorkflowRun.objects.count() == 1
@@ -67,6 +76,7 @@ def test_the_same_queue_event_delivered_concurrently_makes_one_copy_of_each_effe
     assert run.state == "completed"
     assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
     assert all(s.attempts == 1 for s in run.steps.all())
+    assert_chains_intact()
 
 
 def test_two_executors_racing_for_one_run_never_both_perform_a_step(postgres_only, monkeypatch):
@@ -86,6 +96,7 @@ def test_two_executors_racing_for_one_run_never_both_perform_a_step(postgres_onl
     assert set(StepExecution.objects.values_list("attempts", flat=True)) == {1}
     # each step began exactly once, whichever executor held the run at the time
     assert AuditEvent.objects.filter(action="step_begin").count() == 25
+    assert_chains_intact()
 
 
 def test_executors_side_by_side_take_different_runs_and_perform_each_step_once(postgres_only, monkeypatch):
@@ -106,3 +117,4 @@ def test_executors_side_by_side_take_different_runs_and_perform_each_step_once(p
     assert set(StepExecution.objects.values_list("attempts", flat=True)) == {1}
     assert AuditEvent.objects.filter(action="claim").count() == 20
     assert AuditEvent.objects.filter(action="step_begin").count() == 100
+    assert_chains_intact()

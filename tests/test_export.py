@@ -85,7 +85,7 @@ def test_csv_is_a_header_then_every_event_of_a_real_run_in_at_then_id_order(cloc
     assert header == list(COLUMNS)
     assert len(rows) == len(events)
     for row, event in zip(rows, events, strict=True):
-        at, workflow_id, workflow, step, actor, action, reason, before, after, event_id = row
+        at, workflow_id, workflow, step, actor, action, reason, before, after, event_id, prev_hash, digest = row
         assert datetime.fromisoformat(at) == event.at and at.endswith("+00:00")
         assert (workflow_id, workflow, step, actor, action, reason) == (
             run.workflow_id,
@@ -96,6 +96,8 @@ def test_csv_is_a_header_then_every_event_of_a_real_run_in_at_then_id_order(cloc
             event.reason,
         )
         assert (json.loads(before), json.loads(after), int(event_id)) == (event.before, event.after, event.id)
+        assert (prev_hash, digest) == (event.prev_hash, event.hash) and len(digest) == 64
+    assert rows[0][10] == "" and all(row[10] == previous[11] for previous, row in zip(rows, rows[1:], strict=False))
     assert rows[0][5] == "start" and json.loads(rows[-1][8])["run"] == "completed"
 
 
@@ -112,6 +114,7 @@ def test_jsonl_is_one_compact_object_per_line_with_before_and_after_as_objects(c
         assert list(doc) == list(COLUMNS)
         assert line == json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
         assert (doc["event_id"], doc["before"], doc["after"]) == (event.id, event.before, event.after)
+        assert (doc["prev_hash"], doc["hash"]) == (event.prev_hash, event.hash) and len(event.hash) == 64
         assert isinstance(doc["before"], dict) and datetime.fromisoformat(doc["at"]) == event.at
 
 
@@ -201,6 +204,8 @@ def _previous_lines(fmt: str, events) -> list[str]:
             "before": event.before,
             "after": event.after,
             "event_id": event.id,
+            "prev_hash": event.prev_hash,
+            "hash": event.hash,
         }
 
     def sorted_keys(value):

@@ -11,6 +11,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
+from recovery import audit_chain
 from recovery.fields import canonical_json
 from recovery.models import AuditEvent
 from recovery.transitions import run_claim, run_start
@@ -75,6 +76,8 @@ def test_the_migration_rewrites_older_events_as_canonical_text():
     event = AuditEvent.objects.create(run=run, at=run.created_at, actor="executor", action="note")
     untouched = AuditEvent.objects.create(run=run, at=run.created_at, actor="executor", action="note", after={"a": 1})
     with connection.cursor() as cursor:  # as jsonb (or Django's default JSON text) left them
+        for statement in audit_chain.uninstall_statements(connection.vendor):  # as before 0013 (rolled back)
+            cursor.execute(statement)
         cursor.execute(
             """UPDATE recovery_auditevent SET "before" = '{"z": 1, "a": {"c": "é", "b": [1, 2]}}', "after" = '{}' """
             "WHERE id = %s",

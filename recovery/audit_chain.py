@@ -1,0 +1,299 @@
+"""Tamper evidence for the audit trail: each run's events form a hash chain.
+
+Every audit event carries ``hash``, a SHA-256 over its content and the ``hash`` of the event
+before it in the same run (``prev_hash``, empty for a run's first event); the chain follows
+the events' ids, the order in which they were written (every writer of a run's events holds
+the run's row lock, so no two write at once). Change, remove or reorder one event and its
+hash, or the next event's ``prev_hash``, no longer matches. ``verify_audit`` walks every
+chain and reports the first broken link; the export carries both hashes, so an auditor can
+verify a JSON Lines export with no access to the database (``verify_audit --file``).
+
+Version 1 of the hashed text, as UTF-8: ``prev_hash``, a line feed, then for each of the
+export's columns ``at`` (ISO 8601 UTC with microseconds, as exported), ``workflow_id``,
+``workflow``, ``step``, ``actor``, ``action``, ``reason``, ``before`` and ``after`` (the
+canonical JSON text stored and exported): its length in UTF-8 bytes in decimal, ``:``, the
+value and a line feed. Lengths make the encoding unambiguous whatever a value contains.
+
+The database computes the hashes as it inserts the row, whoever inserts it (the executor's
+one-statement checkpoints, the ORM, a COPY): on PostgreSQL a ``BEFORE INSERT`` trigger in
+PL/pgSQL, on SQLite an ``AFTER INSERT`` trigger that calls ``recovery_audit_hash``, which
+``register_sqlite_functions`` installs on each of the application's connections (another
+SQLite client cannot write audit events at all). Other triggers refuse every ``UPDATE`` and
+``DELETE`` of an event (append-only in the database, not only in the code).
+
+What the chain does not show by itself: events removed from the end of a run (keep an export:
+its hashes anchor what existed), or a chain rewritten from the start by someone who can
+disable triggers (the database's owner). Keep the application's database role from owning
+the tables for that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection as default_connection
+
+TABLE = "recovery_auditevent"
+RUN_TABLE = "recovery_workflowrun"
+
+# The export's columns that are hashed, in order (recovery.exports.COLUMNS).
+HASHED = ("at", "workflow_id", "workflow", "step", "actor", "action", "reason", "before", "after")
+
+
+def event_hash(prev_hash: str, values: Sequence[str]) -> str:
+    """The hash of an event whose HASHED column values (as exported) are ``values``."""
+    parts = [prev_hash, "\n"]
+    for value in values:
+        parts += [str(len(value.encode())), ":", value, "\n"]
+    return hashlib.sha256("".join(parts).encode()).hexdigest()
+
+
+def at_text(value: datetime | str) -> str:
+    """``at`` as the export writes it (ISO 8601, UTC, microseconds); a naive value (SQLite's
+    stored text) is UTC."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+# --- the database's side ---------------------------------------------------------------
+
+
+def _sqlite_hash(prev_hash, at, *values) -> str:
+    return event_hash(prev_hash or "", [at_text(at), *(value or "" for value in values)])
+
+
+def register_sqlite_functions(sender, connection, **kwargs) -> None:
+    """``connection_created`` receiver: SQLite's chain trigger calls ``recovery_audit_hash``."""
+    if connection.vendor == "sqlite":
+        connection.connection.create_function("recovery_audit_hash", 1 + len(HASHED), _sqlite_hash, deterministic=True)
+
+
+def _pg_field(expression: str) -> str:
+    return f"octet_length({expression})::text || ':' || {expression} || E'\\n'"
+
+
+_PG_AT = """to_char(NEW."at" AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
+_PG_VALUES = (
+    _PG_AT,
+    "run.workflow_id",
+    "run.workflow_name",
+    'NEW."step_name"',
+    'NEW."actor"',
+    'NEW."action"',
+    'NEW."reason"',
+    'NEW."before"::text',
+    'NEW."after"::text',
+)
+_PREVIOUS = f'SELECT "hash" FROM {TABLE} WHERE "run_id" = NEW."run_id" {{}} ORDER BY "id" DESC LIMIT 1'
+
+POSTGRESQL_INSTALL = [
+    f"""
+CREATE FUNCTION recovery_audit_chain() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    run record;
+BEGIN
+    SELECT "workflow_id", "workflow_name" INTO STRICT run FROM {RUN_TABLE} WHERE "id" = NEW."run_id";
+    NEW."prev_hash" := coalesce(({_PREVIOUS.format("")}), '');
+    NEW."hash" := encode(sha256(convert_to(
+        NEW."prev_hash" || E'\\n' || {" || ".join(map(_pg_field, _PG_VALUES))}, 'UTF8')), 'hex');
+    RETURN NEW;
+END
+$$""",
+    f"""CREATE TRIGGER recovery_audit_chain BEFORE INSERT ON {TABLE}
+    FOR EACH ROW EXECUTE FUNCTION recovery_audit_chain()""",
+    """
+CREATE FUNCTION recovery_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'audit events are append-only: % refused', TG_OP USING ERRCODE = 'insufficient_privilege';
+END
+$$""",
+    f"""CREATE TRIGGER recovery_audit_append_only BEFORE UPDATE OR DELETE ON {TABLE}
+    FOR EACH STATEMENT EXECUTE FUNCTION recovery_audit_append_only()""",
+]
+POSTGRESQL_UNINSTALL = [
+    f"DROP TRIGGER IF EXISTS recovery_audit_append_only ON {TABLE}",
+    "DROP FUNCTION IF EXISTS recovery_audit_append_only()",
+    f"DROP TRIGGER IF EXISTS recovery_audit_chain ON {TABLE}",
+    "DROP FUNCTION IF EXISTS recovery_audit_chain()",
+]
+
+_SQLITE_PREVIOUS = f"coalesce(({_PREVIOUS.format('AND "id" < NEW."id"')}), '')"
+_SQLITE_RUN = f'(SELECT {{}} FROM {RUN_TABLE} WHERE "id" = NEW."run_id")'
+# The row is inserted with empty hashes, then given its own by this trigger: an UPDATE of a
+# row that has no hash yet, the only one SQLITE_NO_UPDATE lets through.
+SQLITE_CHAIN = f"""CREATE TRIGGER recovery_audit_chain AFTER INSERT ON {TABLE}
+BEGIN
+    UPDATE {TABLE} SET
+        "prev_hash" = {_SQLITE_PREVIOUS},
+        "hash" = recovery_audit_hash(
+            {_SQLITE_PREVIOUS}, NEW."at",
+            {_SQLITE_RUN.format('"workflow_id"')}, {_SQLITE_RUN.format('"workflow_name"')},
+            NEW."step_name", NEW."actor", NEW."action", NEW."reason", NEW."before", NEW."after")
+    WHERE "id" = NEW."id";
+END"""
+SQLITE_NO_UPDATE = f"""CREATE TRIGGER recovery_audit_no_update BEFORE UPDATE ON {TABLE} WHEN OLD."hash" <> ''
+BEGIN
+    SELECT RAISE(ABORT, 'audit events are append-only: UPDATE refused');
+END"""
+SQLITE_NO_DELETE = f"""CREATE TRIGGER recovery_audit_no_delete BEFORE DELETE ON {TABLE}
+BEGIN
+    SELECT RAISE(ABORT, 'audit events are append-only: DELETE refused');
+END"""
+SQLITE_INSTALL = [SQLITE_CHAIN, SQLITE_NO_UPDATE, SQLITE_NO_DELETE]
+SQLITE_UNINSTALL = [
+    "DROP TRIGGER IF EXISTS recovery_audit_no_delete",
+    "DROP TRIGGER IF EXISTS recovery_audit_no_update",
+    "DROP TRIGGER IF EXISTS recovery_audit_chain",
+]
+
+
+def install_statements(vendor: str) -> list[str]:
+    return POSTGRESQL_INSTALL if vendor == "postgresql" else SQLITE_INSTALL
+
+
+def uninstall_statements(vendor: str) -> list[str]:
+    return POSTGRESQL_UNINSTALL if vendor == "postgresql" else SQLITE_UNINSTALL
+
+
+# --- reading and verifying chains ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """One stored (or exported) event, as its chain sees it: the HASHED values as text."""
+
+    id: int
+    values: tuple[str, ...]
+    prev_hash: str
+    hash: str
+
+    @property
+    def workflow_id(self) -> str:
+        return self.values[1]
+
+    @property
+    def action(self) -> str:
+        return self.values[5]
+
+    def describe(self) -> str:
+        return f"event {self.id} of run {self.workflow_id} ({self.action} at {self.values[0]})"
+
+
+def stored_chains(*, run: str | None = None, runs_per_batch: int = 1000, connection=None) -> Iterator[list[Event]]:
+    """Each run's events in chain (id) order, a batch of runs at a time (memory stays flat;
+    each batch reads its runs' events through the (run, at, id) index)."""
+    connection = connection or default_connection
+    quote = connection.ops.quote_name
+    last = 0
+    where = "r.workflow_id = %s" if run is not None else "r.id > %s"
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT r.id FROM {quote(RUN_TABLE)} AS r WHERE {where} ORDER BY r.id LIMIT %s",
+                [run if run is not None else last, runs_per_batch],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+            if not ids:
+                return
+            cursor.execute(
+                f"""SELECT e.id, e.run_id, e.at, r.workflow_id, r.workflow_name, e.step_name, e.actor, e.action,
+                    e.reason, CAST(e.before AS text), CAST(e.after AS text), e.prev_hash, e.hash
+                FROM {quote(TABLE)} AS e JOIN {quote(RUN_TABLE)} AS r ON r.id = e.run_id
+                WHERE e.run_id IN ({", ".join(["%s"] * len(ids))}) ORDER BY e.run_id, e.id""",
+                ids,
+            )
+            rows = cursor.fetchall()
+        chains: dict[int, list[Event]] = {pk: [] for pk in ids}
+        for pk, run_id, at, *values, prev_hash, hash_ in rows:
+            chains[run_id].append(Event(pk, (at_text(at), *values), prev_hash, hash_))
+        yield from (chain for chain in chains.values() if chain)
+        if run is not None or len(ids) < runs_per_batch:
+            return
+        last = ids[-1]
+
+
+def exported_chains(lines: Iterable[str]) -> Iterator[list[Event]]:
+    """Each run's events in chain order, from the lines of a JSON Lines export."""
+    chains: dict[str, list[Event]] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            values = tuple(_exported_value(row, column) for column in HASHED)
+            event = Event(int(row["event_id"]), values, row["prev_hash"], row["hash"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"line {number} is not an event of a JSON Lines audit export ({exc})") from None
+        chains.setdefault(event.workflow_id, []).append(event)
+    for chain in chains.values():
+        yield sorted(chain, key=lambda event: event.id)
+
+
+def _exported_value(row: dict[str, Any], column: str) -> str:
+    value = row[column]
+    if column in ("before", "after"):
+        from .fields import canonical_json
+
+        return canonical_json(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{column} is not a string")
+    return value
+
+
+@dataclass(frozen=True)
+class Break:
+    """The first broken link of a chain."""
+
+    event: Event
+    problem: str
+
+    def __str__(self) -> str:
+        return f"{self.event.describe()}: {self.problem}"
+
+
+def first_break(chain: Sequence[Event], *, complete: bool = True) -> Break | None:
+    """The first event whose link is broken, or None. ``complete``: the chain must start at
+    the run's first event (a stored chain; an export filtered by time may start later, and
+    then its first ``prev_hash`` is taken as given)."""
+    previous: Event | None = None
+    for event in chain:
+        if previous is not None and event.prev_hash != previous.hash:
+            return Break(
+                event,
+                f"its prev_hash does not match the hash of event {previous.id} before it "
+                "(an event was removed, added or reordered)",
+            )
+        if previous is None and complete and event.prev_hash:
+            return Break(event, "the run's first event has a prev_hash: the events before it are missing")
+        if event_hash(event.prev_hash, event.values) != event.hash:
+            return Break(event, "its content does not match its hash (it was changed after it was written)")
+        previous = event
+    return None
+
+
+@dataclass
+class Verification:
+    events: int = 0
+    runs: int = 0
+    broken_runs: int = 0
+    first: Break | None = None
+
+
+def verify(chains: Iterable[Sequence[Event]], *, complete: bool = True) -> Verification:
+    result = Verification()
+    for chain in chains:
+        result.runs += 1
+        result.events += len(chain)
+        broken = first_break(chain, complete=complete)
+        if broken is not None:
+            result.broken_runs += 1
+            result.first = result.first or broken
+    return result
