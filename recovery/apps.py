@@ -10,6 +10,9 @@ class RecoveryConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .redaction import install_log_redaction
+
+        install_log_redaction()
 
         for module in settings.RECOVERY_WORKFLOW_MODULES:
             import_module(module)
