@@ -92,6 +92,8 @@ class _Redactor:
         return self.regex.sub(self._marker, text)
 
     def _marker(self, match: re.Match[str]) -> str:
+        if match.lastgroup == "assigned":  # "password=…": keep the name, replace the value
+            return match.group()[: match.end("value") - match.start()] + MARKER
         return self.markers[match.lastgroup or ""]
 
     def value(self, value: Any) -> Any:
@@ -151,6 +153,17 @@ def _redactor(extra_fields: frozenset[str] = frozenset()) -> _Redactor:
     for i, (name, regex) in enumerate(patterns.items()):
         re.compile(regex)  # a bad pattern fails here, naming itself in the traceback
         alternatives.append((f"p{i}", regex, f"[REDACTED:{name}]", _min_width(regex)))
+    all_fields = sorted({f.lower().replace("-", "_") for f in (*fields, *extra_fields)}, key=lambda f: (-len(f), f))
+    if all_fields:
+        # A credential field written out in text: "password=…", "?api_key=…", '"token": "…"',
+        # "X-Api-Key: …", "Authorization: Bearer …" (the scheme is kept with the name).
+        names = "|".join(re.escape(f).replace("_", "[_-]") for f in all_fields)
+        initials = re.escape("".join(sorted({c for f in all_fields for c in (f[0].lower(), f[0].upper())})))
+        assigned = (  # the look-ahead on the initials first: most positions are rejected at once
+            rf"(?=[{initials}])(?i:(?:(?<![A-Za-z0-9])|(?<=[_-]))(?:{names})[\"']?\s*[:=]\s*[\"']?"
+            rf"(?:(?:bearer|basic|token)\s+)?)(?P<value>)[^\s\"'&,;]+"
+        )
+        alternatives.append(("assigned", assigned, MARKER, 1 + min(len(f) for f in all_fields) + 1))
     regex = None
     if alternatives:
         regex = re.compile("|".join(f"(?P<{group}>{body})" for group, body, _, _ in alternatives))
