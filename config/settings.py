@@ -161,6 +161,9 @@ RECOVERY_WORKFLOW_MODULES = [
 SANDBOX_URL = env("SANDBOX_URL", f"http://127.0.0.1:{env('PORT', '8000')}").rstrip("/")
 # Seconds an adapter waits for a response once its request is sent; past it, the outcome is unknown.
 RECOVERY_HTTP_TIMEOUT = float(env("RECOVERY_HTTP_TIMEOUT", "5"))
+# The adapters' credential, sent as "Authorization: Bearer …" when set (the simulated systems
+# accept any request; a real tracker, messenger or ERP would check it).
+SANDBOX_API_TOKEN = env("SANDBOX_API_TOKEN", "")
 
 # --- Model providers -------------------------------------------------------------------
 MODEL_PROVIDER = env("MODEL_PROVIDER", "rules")
@@ -171,12 +174,25 @@ OPENAI_API_KEY = env("OPENAI_API_KEY", "")
 OPENAI_MODEL = env("OPENAI_MODEL", "gpt-4o-mini")
 OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "30"))
 
+# --- Redaction (recovery/redaction.py) ----------------------------------------------------
+# Checkpoints, audit events, exports and logs never hold a credential. Unset, these take the
+# defaults in recovery/redaction.py: RECOVERY_REDACT_FIELDS (key names whose values are
+# replaced), RECOVERY_REDACT_PATTERNS (name -> regex, replaced in every string) and
+# RECOVERY_REDACT_SETTINGS (the settings whose values are secrets, replaced wherever they
+# appear: SECRET_KEY, OPENAI_API_KEY, SANDBOX_API_TOKEN).
+
+# The redact filter runs on the handler: a logger's own filters never see its children's
+# records. recovery.apps also redacts every record where it is created, for other handlers.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "recovery.redaction.RedactingFilter"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"recovery": {"handlers": ["console"], "level": env("RECOVERY_LOG_LEVEL", "INFO")}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
+    "loggers": {
+        "recovery": {"handlers": ["console"], "level": env("RECOVERY_LOG_LEVEL", "INFO")},
+        "workflows": {"handlers": ["console"], "level": env("RECOVERY_LOG_LEVEL", "INFO")},
+    },
 }
 
 # step_state_kind_idx INCLUDEs run_id on PostgreSQL; SQLite builds it on the key columns only.

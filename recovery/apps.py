@@ -13,8 +13,10 @@ class RecoveryConfig(AppConfig):
 
         from . import checks  # noqa: F401  (registers the system checks)
         from .audit_chain import register_sqlite_functions
+        from .redaction import install_log_redaction
 
         connection_created.connect(register_sqlite_functions, dispatch_uid="recovery_audit_hash")
+        install_log_redaction()
 
         for module in settings.RECOVERY_WORKFLOW_MODULES:
             import_module(module)

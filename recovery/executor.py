@@ -41,6 +41,7 @@ from .models import (
     StepState,
     WorkflowRun,
 )
+from .redaction import redact_text
 from .transitions import DONE_STEP_STATES, Lease
 from .workflow import (
     CompensationPolicy,
@@ -120,7 +121,8 @@ def _advance_claimed(lease: Lease) -> str | None:
         # this run over, forever. Hand it to an operator instead (if the database still
         # answers; if not, the lease expires and the run is taken over later).
         log.exception("executor error on run %s", lease.run_pk)
-        transitions.run_review(lease=lease, reason=f"executor error: {type(exc).__name__}: {exc}"[:2000])
+        reason = redact_text(f"executor error: {type(exc).__name__}: {exc}")[:2000]  # redacted, then cut
+        transitions.run_review(lease=lease, reason=reason)
     seen = lease.seen.get("run")  # as this executor's last transition left it, if nobody changed it since
     if seen is not None:
         return seen.state
@@ -254,7 +256,9 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             return
 
     try:
-        intent = spec.intent_fn(ctx) if spec.intent_fn else {}
+        # What is persisted is what is replayed: the intent is redacted before it is hashed,
+        # checkpointed and sent, so an attempt after a crash sends exactly what this one does.
+        intent = plan.workflow.redact(spec.intent_fn(ctx) if spec.intent_fn else {})
     except Exception as exc:
         transitions.step_fail(
             lease=lease,
@@ -317,7 +321,9 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
     decision: dict[str, Any] | None = None
     if error is None and spec.is_decision:
         try:
-            decision = _validate_decision(spec, raw)
+            # The model's output is redacted before it is validated: the accepted decision, a
+            # kept invalid output and the validation error (which quotes the input) hold no secret.
+            decision = _validate_decision(spec, plan.workflow.redact(raw))
         except InvalidModelOutput as exc:
             error = exc
 

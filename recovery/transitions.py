@@ -28,7 +28,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 
-from . import clock, rows
+from . import clock, redaction, rows
 from .errors import (
     ErrorKind,
     InvalidTransition,
@@ -49,6 +49,7 @@ from .models import (
     StepState,
     WorkflowRun,
 )
+from .redaction import redact_text
 from .workflow import Outcome, Reconcile, StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
 
 log = logging.getLogger("recovery.transitions")
@@ -156,6 +157,22 @@ def _check(table: dict, action: str, current: str, what: str) -> Any:
     return target
 
 
+def _redacted(run: WorkflowRun, value: Any) -> Any:
+    """``value`` as it may be persisted: credentials replaced, with the run's workflow's own
+    sensitive fields (recovery.redaction). Everything a transition stores that came from a
+    step, a remote system, an exception or an operator goes through this or ``redact_text``
+    — before any truncation, so that no cut leaves half a secret behind."""
+    try:
+        fields = get_workflow(run.workflow_name).redact_fields
+    except LookupError:
+        fields = ()
+    return redaction.redact(value, fields=fields)
+
+
+def _error_text(error: StepError, limit: int) -> str:
+    return redact_text(error.message)[:limit]
+
+
 def _actor_fields(actor: AbstractBaseUser | str | None) -> dict[str, Any]:
     """A user, a system's label (``"api:erp"``), or None for the executor."""
     if actor is None:
@@ -194,9 +211,9 @@ def _audit_row(
         "run_id": run.pk,
         "step_name": step_name,
         "action": action,
-        "reason": reason,
-        "before": before,
-        "after": after,
+        "reason": redact_text(reason),
+        "before": redaction.redact(before),
+        "after": redaction.redact(after),
         "at": now,
         "actor": who["actor"],
         "actor_user_id": user.pk if user is not None else None,
@@ -448,7 +465,7 @@ def _release_into(run: WorkflowRun, target: RunState, *, wake_at: datetime | Non
     run.lease_owner = ""
     run.lease_expires_at = None
     run.next_wake_at = wake_at
-    run.status_reason = reason
+    run.status_reason = redact_text(reason)
 
 
 def _enqueue_on_commit(run_pk: int) -> None:
@@ -514,7 +531,9 @@ def run_start(
     same id with a different input is a conflict, never a silent replay.
     """
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
-    validated = wf.validate_input(data)
+    # What is persisted is what is replayed: the run's input is kept redacted, and its id and
+    # hash are taken from that, so a secret is neither stored nor hashed.
+    validated = wf.redact(wf.validate_input(data))
     workflow_id = wf.workflow_id(validated)
     input_hash = payload_hash(validated)
     now = now or clock.now()
@@ -668,8 +687,10 @@ def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
 
 
 def _record_attempt(step: StepExecution, intent: dict[str, Any], request_hash: str, now: datetime) -> list[str]:
-    """Checkpoint an attempt's intent and count it; returns the fields it changed."""
-    step.intent = intent
+    """Checkpoint an attempt's intent and count it; returns the fields it changed. The intent
+    is stored redacted; ``request_hash`` is the hash of that redacted intent (the executor
+    redacts, hashes and calls with the redacted intent: redacting again changes nothing)."""
+    step.intent = _redacted(step.run, intent)
     step.request_hash = request_hash
     step.attempts += 1
     step.first_attempt_at = step.first_attempt_at or now
@@ -724,8 +745,9 @@ def step_succeed(
     def body(change: _StepChange) -> None:
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "succeed" if attempt is None else "attempt_succeed", step.state, "step")
-        step.remote_ref = outcome.remote_ref
-        step.result = outcome.result
+        # The executor goes on with this copy (and a replay reads it back): the same values.
+        step.remote_ref = redact_text(outcome.remote_ref)
+        step.result = _redacted(run, outcome.result)
         step.next_attempt_at = None
         fields = ["state", "remote_ref", "result", "next_attempt_at"]
         if attempt is not None:
@@ -733,6 +755,7 @@ def step_succeed(
         _save_step(step, fields, now)
         if decision is not None:
             assert spec is not None and spec.is_decision
+            accepted = _redacted(run, decision)
             latest = ModelDecision.objects.filter(run=run, step_name=step_name).aggregate(v=Max("version"))["v"] or 0
             ModelDecision.objects.create(
                 run=run,
@@ -740,8 +763,8 @@ def step_succeed(
                 version=latest + 1,
                 state=DecisionState.ACCEPTED,
                 schema_version=spec.schema_version,
-                proposal=decision,
-                accepted=decision,
+                proposal=accepted,
+                accepted=accepted,
                 created_at=now,
             )
         if complete_run:
@@ -774,8 +797,9 @@ def step_fail(
         with _leased_step(lease, step_name, "step_fail", now) as change:
             run, step, now = change.run, change.step, change.now
             step.state = _check(STEP_TRANSITIONS, "fail", step.state, "step")
+            message = redact_text(error.message)
             step.last_error_kind = error.kind
-            step.last_error = error.message[:4000]
+            step.last_error = message[:4000]
             step.next_attempt_at = None
             step_fields = ["state", "last_error_kind", "last_error", "next_attempt_at"]
             policy = spec.retry
@@ -789,21 +813,21 @@ def step_fail(
                     version=0,
                     state=DecisionState.INVALID,
                     schema_version=spec.schema_version,
-                    invalid_output=(error.raw_output or "")[:20000] if spec.keep_invalid_output else "",
-                    validation_error=error.message[:4000],
+                    invalid_output=redact_text(error.raw_output or "")[:20000] if spec.keep_invalid_output else "",
+                    validation_error=message[:4000],
                     created_at=now,
                 )
                 if step.format_failures < policy.maximum_format_failures:
                     delay = policy.backoff(step.format_failures)
                 outcome, why = RunState.NEEDS_REVIEW, f"model output invalid {step.format_failures} times"
             elif error.kind == ErrorKind.PERMANENT or error.kind in policy.non_retryable_kinds:
-                outcome, why = RunState.FAILED, f"{step_name}: permanent error, not retried: {error.message}"
+                outcome, why = RunState.FAILED, f"{step_name}: permanent error, not retried: {message}"
             elif policy.retries(error.kind):
                 elapsed = (now - step.budget_started_at).total_seconds() if step.budget_started_at else 0.0
                 delay = policy.next_delay(step.attempts - step.budget_start_attempt, error, elapsed=elapsed)
-                outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: retry budget exhausted: {error.message}"
+                outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: retry budget exhausted: {message}"
             else:
-                outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: {error.kind} error needs review: {error.message}"
+                outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: {error.kind} error needs review: {message}"
 
             fields = ["status_reason"]
             if delay is not None:
@@ -817,7 +841,7 @@ def step_fail(
                 _release_into(run, outcome, reason=why)
             _save_step(step, step_fields, now)
             _save_run(run, fields + RUN_LEASE_FIELDS, now)
-            change.reason = error.message[:1000]
+            change.reason = message[:1000]
         if auto_compensate and outcome == RunState.FAILED and delay is None and _compensation_targets(run):
             _start_compensation(run, actor=None, reason=f"automatic: {step_name} failed permanently", now=now)
             lease.seen.clear()  # it marked other steps: the executor's copy of them is out of date
@@ -834,13 +858,13 @@ def step_mark_unknown(
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "mark_unknown", step.state, "step")
         step.last_error_kind = ErrorKind.UNKNOWN_OUTCOME
-        step.last_error = error.message[:4000]
+        step.last_error = _error_text(error, 4000)
         _save_step(step, ["state", "last_error_kind", "last_error"], now)
         if spec.reconcile in (None, Reconcile.OPERATOR):
             _check(RUN_TRANSITIONS, "review", run.state, "run")
             _release_into(run, RunState.NEEDS_REVIEW, reason=f"{step_name}: outcome unknown, operator must reconcile")
             _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        change.reason = error.message[:1000]
+        change.reason = _error_text(error, 1000)
         return step
 
 
@@ -865,7 +889,7 @@ def step_defer_reconcile(
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "defer_reconcile", step.state, "step")
         step.reconcile_attempts += 1
-        step.last_error = f"reconcile failed: {error.message}"[:4000]
+        step.last_error = f"reconcile failed: {redact_text(error.message)}"[:4000]
         delay = spec.retry.next_delay(step.reconcile_attempts, error)
         if delay is None:
             step.next_attempt_at = None
@@ -879,7 +903,7 @@ def step_defer_reconcile(
             )
         _save_step(step, ["state", "reconcile_attempts", "last_error", "next_attempt_at"], now)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        change.reason = error.message[:1000]
+        change.reason = _error_text(error, 1000)
         return step
 
 
@@ -1147,7 +1171,7 @@ def step_resolve(
     run, which stays terminated: there the evidence only settles what exists (so that it can
     be compensated), and a call that did not happen is skipped."""
     reason = _require_reason(reason)
-    remote_ref = (remote_ref or "").strip()
+    remote_ref = redact_text((remote_ref or "").strip())
     if happened and not remote_ref:
         raise InvalidTransition("give the remote id that shows it succeeded")
     now = now or clock.now()
@@ -1251,7 +1275,7 @@ def decision_supersede(
             raise InvalidTransition("a later step already acted on this decision; compensate it first")
         before = {**_snap(run, step), "decision_version": decision.version}
         decision.state = DecisionState.SUPERSEDED
-        decision.superseded_reason = reason
+        decision.superseded_reason = redact_text(reason)
         decision.save(update_fields=["state", "superseded_reason"])
         step.state = StepState.PENDING
         step.remote_ref = ""
@@ -1387,15 +1411,16 @@ def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now:
     with _leased_step(lease, step_name, "compensation_succeed", now) as change:
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "compensation_succeed", step.state, "step")
-        step.compensation_ref = outcome.remote_ref
-        step.compensation_result = outcome.result
+        step.compensation_ref = redact_text(outcome.remote_ref)
+        step.compensation_result = _redacted(run, outcome.result)
         step.compensation_restored = outcome.restored
         _save_step(step, ["state", "compensation_ref", "compensation_result", "compensation_restored"], now)
-        change.extra = {"compensation_ref": outcome.remote_ref}
+        change.extra = {"compensation_ref": step.compensation_ref}
         if outcome.incident:
-            run.incident = "\n".join(filter(None, [run.incident, outcome.incident]))
+            incident = redact_text(outcome.incident)
+            run.incident = "\n".join(filter(None, [run.incident, incident]))
             _save_run(run, ["incident"], now)
-            change.extra["incident"] = outcome.incident
+            change.extra["incident"] = incident
 
 
 def compensation_fail(
@@ -1407,7 +1432,8 @@ def compensation_fail(
     with _leased_step(lease, step_name, "compensation_fail", now) as change:
         run, step, now = change.run, change.step, change.now
         step.last_error_kind = error.kind
-        step.last_error = f"compensation: {error.message}"[:4000]
+        message = redact_text(error.message)
+        step.last_error = f"compensation: {message}"[:4000]
         retryable = error.kind == ErrorKind.UNKNOWN_OUTCOME or spec.retry.retries(error.kind)
         delay = (
             spec.retry.next_delay(
@@ -1431,12 +1457,10 @@ def compensation_fail(
             step.state = _check(STEP_TRANSITIONS, "compensation_fail", step.state, "step")
             step.next_attempt_at = None
             _check(RUN_TRANSITIONS, "compensation_fail", run.state, "run")
-            _release_into(
-                run, RunState.COMPENSATION_FAILED, reason=f"{step_name}: compensation failed: {error.message}"
-            )
+            _release_into(run, RunState.COMPENSATION_FAILED, reason=f"{step_name}: compensation failed: {message}")
         _save_step(step, ["state", "last_error_kind", "last_error", "next_attempt_at"], now)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        change.reason = error.message[:1000]
+        change.reason = message[:1000]
 
 
 def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunState:
@@ -1484,6 +1508,9 @@ def step_enqueue(
         step = _locked_step(run, step_name, lease)
         before = _snap(run, step)
         step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+        # The payload is what the publisher calls the step with: the redacted intent, as the
+        # step's own checkpoint. A step gets its credentials from settings, never its intent.
+        intent = _redacted(run, intent)
         message = OutboxMessage.objects.create(
             run=run,
             step_name=step_name,
@@ -1565,7 +1592,7 @@ def outbox_delivered(*, claim: OutboxClaim, outcome: Outcome, how: str, now: dat
         step = StepExecution.objects.select_for_update().get(run=run, step_name=message.step_name)
         before = {"outbox": message.state, "remote_ref": step.remote_ref}
         message.state = OutboxState.DELIVERED
-        message.provider_ref = outcome.remote_ref
+        message.provider_ref = redact_text(outcome.remote_ref)
         message.delivered_at = now
         message.claimed_by, message.claimed_until, message.next_attempt_at = "", None, None
         message.updated_at = now
@@ -1580,8 +1607,8 @@ def outbox_delivered(*, claim: OutboxClaim, outcome: Outcome, how: str, now: dat
                 "updated_at",
             ]
         )
-        step.remote_ref = outcome.remote_ref
-        step.result = {**(outcome.result or {}), "outbox_id": message.pk, "delivered": True}
+        step.remote_ref = message.provider_ref
+        step.result = {**(_redacted(run, outcome.result) or {}), "outbox_id": message.pk, "delivered": True}
         _save_step(step, ["remote_ref", "result"], now)
         _save_run(run, [], now)  # a step changed: an executor holding the run reads it again
         _audit(
@@ -1606,7 +1633,7 @@ def outbox_failed_attempt(*, claim: OutboxClaim, error: StepError, spec: StepSpe
         run, message = _locked_outbox(claim)
         before = {"outbox": message.state, "attempts": message.attempts}
         message.last_error_kind = error.kind
-        message.last_error = error.message[:4000]
+        message.last_error = _error_text(error, 4000)
         message.claimed_by, message.claimed_until = "", None
         retryable = error.kind == ErrorKind.UNKNOWN_OUTCOME or spec.retry.retries(error.kind)
         elapsed = (now - (message.budget_started_at or message.created_at)).total_seconds()
@@ -1637,7 +1664,7 @@ def outbox_failed_attempt(*, claim: OutboxClaim, error: StepError, spec: StepSpe
             action,
             actor=None,
             step_name=message.step_name,
-            reason=error.message[:1000],
+            reason=_error_text(error, 1000),
             before=before,
             after={"outbox": message.state, "attempts": message.attempts, "error_kind": error.kind},
             now=now,

@@ -30,6 +30,7 @@ from typing import Any
 import pydantic
 from django.db import models
 
+from . import redaction
 from .retries import DEFAULT_POLICY, RetryPolicy
 
 
@@ -101,6 +102,9 @@ def compensation_key(workflow_id: str, step: str, key_version: int) -> str:
 
 
 def payload_hash(payload: Any) -> str:
+    """sha256 of canonical JSON. The engine hashes only redacted data (a run's input, a step's
+    intent): exactly what it persists and what the step is called with, so the hash still
+    tells a changed request from a repeat, and no hash of a credential is ever stored."""
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -191,13 +195,17 @@ class Workflow:
         input_schema: type[pydantic.BaseModel] | None = None,
         description: str = "",
         compensation: CompensationPolicy = CompensationPolicy.OPERATOR,
+        redact_fields: tuple[str, ...] = (),
     ):
+        """``redact_fields`` names this workflow's own sensitive keys, redacted wherever the
+        engine persists its data, on top of ``RECOVERY_REDACT_FIELDS`` (recovery.redaction)."""
         self.name = name
         self.version = version
         self._workflow_id = workflow_id
         self.input_schema = input_schema
         self.description = description
         self.compensation = CompensationPolicy(compensation)
+        self.redact_fields = tuple(redact_fields)
         self.steps: list[StepSpec] = []
         register(self)
 
@@ -275,6 +283,10 @@ class Workflow:
             return spec
 
         return decorate
+
+    def redact(self, value: Any) -> Any:
+        """``value`` as the engine may persist it: credentials replaced (recovery.redaction)."""
+        return redaction.redact(value, fields=self.redact_fields)
 
     def workflow_id(self, data: dict[str, Any]) -> str:
         return self._workflow_id(data)

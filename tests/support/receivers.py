@@ -29,8 +29,24 @@ def arm(kind: str, mode: str, times: int = 1) -> None:
     FAULTS[kind].extend([mode] * times)
 
 
+# step name -> exceptions its next calls raise (the secrets workflow), and what each call got
+RAISES: dict[str, deque] = defaultdict(deque)
+CALLS: list[tuple[str, object]] = []
+PLANTED: dict[str, str] = {}  # the test's own secrets ("ingestion", "password"), for the steps to echo
+
+
 def clear() -> None:
     FAULTS.clear()
+    RAISES.clear()
+    CALLS.clear()
+    PLANTED.clear()
+
+
+def scripted(step: str, intent: object) -> None:
+    """Record the call; raise the step's next scripted exception, if any."""
+    CALLS.append((step, intent))
+    if RAISES[step]:
+        raise RAISES[step].popleft()
 
 
 def counts() -> dict[str, int]:

@@ -4,7 +4,10 @@ read -> decide (model) -> create_task (receiver honours keys: resend) ->
 notify (receiver does not: look up by client reference) -> post_entry (unique reference: look up).
 """
 
-from pydantic import BaseModel, Field
+import logging
+
+from django.conf import settings
+from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.retries import RetryPolicy
 from recovery.workflow import Outcome, Reconcile, Rerun, Workflow
@@ -147,3 +150,116 @@ def reserve(ctx):
 @local.step(effect="a row in this database", local=True, retry=FAST)
 def book(ctx):
     return _local_row(ctx)
+
+
+# --- secrets: steps that echo credentials back, in results and in errors ---------------
+# (tests/test_redaction.py plants the values; nothing here may reach a checkpoint unredacted)
+
+log = logging.getLogger("workflows.test_secrets")
+
+
+class SecretEvent(BaseModel):
+    model_config = ConfigDict(extra="allow")  # a pasted "password" or "api_key" field is kept (redacted)
+
+    tenant: str
+    order_id: str
+    text: str = ""
+
+
+def _planted() -> dict[str, str]:
+    return {"api_key": settings.OPENAI_API_KEY, "sandbox": settings.SANDBOX_API_TOKEN, **receivers.PLANTED}
+
+
+secrets = Workflow(
+    "test_secrets",
+    version=1,
+    input_schema=SecretEvent,
+    workflow_id=lambda i: f"secrets:{i['tenant']}:{i['order_id']}",
+    description="steps that echo credentials",
+    redact_fields=("iban",),
+)
+
+
+@secrets.step(effect="none", rerun=Rerun.YES, retry=FAST)
+def fetch(ctx):
+    p = _planted()
+    receivers.scripted("fetch", ctx.intent)
+    if ctx.input.get("explode"):  # an unclassified exception quoting a credential
+        raise RuntimeError(f"client crashed with api_key={p['api_key']}")
+    log.warning("fetched with key %s via %s", p["api_key"], p["sandbox"])
+    return {"echo": f"key={p['api_key']}", "session": {"access_token": p["sandbox"]}, "text": ctx.input["text"]}
+
+
+@fetch.intent
+def _(ctx):
+    p = _planted()
+    return {
+        "url": f"https://api.example/v1?key={p['api_key']}",
+        "api_key": p["api_key"],
+        "iban": "DE89370400440532013000",
+    }
+
+
+@secrets.decision(schema=Decision, retry=FAST)
+def choose(ctx):
+    receivers.scripted("choose", ctx.intent)
+    return receivers.model_propose("office 5")
+
+
+@secrets.step(effect="an object elsewhere", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST, compensable=True)
+def create(ctx):
+    receivers.scripted("create", ctx.intent)
+    return Outcome(remote_ref="obj-1", result={"id": "obj-1"})
+
+
+@create.intent
+def _(ctx):
+    return {"title": "object", "approver": ctx.result("choose")["approver"], "echo": ctx.result("fetch")["echo"]}
+
+
+@create.lookup
+def _(ctx):
+    p = _planted()
+    return Outcome(
+        remote_ref="obj-1",
+        result={"id": "obj-1", "token": p["sandbox"], "note": f"Authorization: Bearer {p['sandbox']}"},
+    )
+
+
+@create.compensate(who="supervisor")
+def _(ctx):
+    """Delete the object."""
+    p = _planted()
+    receivers.scripted("create.compensate", ctx.intent)
+    return Outcome(
+        remote_ref="deleted-obj-1",
+        result={"password": p["password"], "echo": f"deleted with {p['api_key']}"},
+        incident=f"deleted by token {p['ingestion']}",
+    )
+
+
+@secrets.step(effect="a message", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST, outbox=True)
+def tell(ctx):
+    receivers.scripted("tell", ctx.intent)
+    return Outcome(remote_ref="msg-1", result={"echo": f"sent with {_planted()['api_key']}"})
+
+
+@tell.intent
+def _(ctx):
+    return {"to": ctx.result("choose")["approver"], "api_key": _planted()["api_key"], "text": ctx.input["text"]}
+
+
+@tell.lookup
+def _(ctx):
+    return None  # a failed attempt never sent it
+
+
+@secrets.step(effect="a ledger entry", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST)
+def settle(ctx):
+    receivers.scripted("settle", ctx.intent)
+    return Outcome(remote_ref="entry-1")
+
+
+@settle.lookup
+def _(ctx):
+    return None

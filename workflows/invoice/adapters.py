@@ -20,6 +20,7 @@ import httpx
 from django.conf import settings
 
 from recovery.errors import PermanentError, RateLimited, StepError, TransientError, UnclassifiedError, UnknownOutcome
+from recovery.redaction import redact_text
 from recovery.workflow import Outcome
 
 RETRYABLE_STATUSES = frozenset({500, 502, 503, 504})
@@ -56,11 +57,13 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 
 def _error_detail(response: httpx.Response) -> str:
+    """The start of the receiver's error message, redacted before it is cut (a cut secret
+    would no longer be recognised)."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:200]
-    return str(body.get("error", body))[:200] if isinstance(body, dict) else str(body)[:200]
+        return redact_text(response.text)[:200]
+    return redact_text(str(body.get("error", body)) if isinstance(body, dict) else str(body))[:200]
 
 
 class SandboxClient:
@@ -85,6 +88,10 @@ class SandboxClient:
         headers: dict | None = None,
         accept: frozenset[int] = frozenset(),
     ) -> httpx.Response:
+        headers = dict(headers or {})
+        if settings.SANDBOX_API_TOKEN:
+            # Read at call time, never part of an intent: a checkpoint cannot hold it.
+            headers["Authorization"] = f"Bearer {settings.SANDBOX_API_TOKEN}"
         try:
             with httpx.Client(base_url=self.base_url, timeout=self.timeout, transport=self.transport) as client:
                 response = client.request(method, path, json=json, params=params, headers=headers)

@@ -44,6 +44,7 @@ from recovery.errors import (
     TransientError,
     UnclassifiedError,
 )
+from recovery.redaction import redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +339,8 @@ def _ssl_context() -> ssl.SSLContext:
 
 
 def _redact(text: str, secret: str) -> str:
-    return text.replace(secret, "[redacted]") if secret else text
+    """``text`` without the key, nor any other credential recovery.redaction knows."""
+    return redact_text(text.replace(secret, "[redacted]") if secret else text)
 
 
 def parse_retry_after(headers: httpx.Headers, *, now: datetime | None = None) -> float | None:
@@ -369,17 +371,17 @@ def parse_retry_after(headers: httpx.Headers, *, now: datetime | None = None) ->
     return value if math.isfinite(value) and value >= 0 else None
 
 
-def _error_detail(response: httpx.Response) -> str:
+def _error_detail(response: httpx.Response, secret: str) -> str:
     """The provider's own error message (OpenAI: ``{"error": {"message": …}}``), else the
-    start of the body."""
+    start of the body; redacted before it is cut (a cut key would no longer be recognised)."""
     try:
         payload = json.loads(response.content)
         message = payload["error"]["message"] if isinstance(payload.get("error"), dict) else payload["error"]
         if message:
-            return str(message)[:300]
+            return _redact(str(message), secret)[:300]
     except (ValueError, KeyError, TypeError, AttributeError):
         pass
-    return response.text[:300]
+    return _redact(response.text, secret)[:300]
 
 
 def classify_openai_error(exc: BaseException, *, secret: str = "") -> StepError:
@@ -396,7 +398,7 @@ def classify_openai_error(exc: BaseException, *, secret: str = "") -> StepError:
     if isinstance(exc, httpx.HTTPStatusError):
         response = exc.response
         status = response.status_code
-        detail = _redact(_error_detail(response), secret)
+        detail = _error_detail(response, secret)
         summary = f"{status} {response.reason_phrase}".strip()
         if status == 429:
             error: StepError = RateLimited(
