@@ -181,3 +181,10 @@ LOGGING = {
 
 # step_state_kind_idx INCLUDEs run_id on PostgreSQL; SQLite builds it on the key columns only.
 SILENCED_SYSTEM_CHECKS = ["models.W040"]
+
+# --- Access control and production security (README "Security") ---------------------------
+# One block on purpose: Content-Security-Policy lives in its own block, maintained apart.
+# The simulated systems' own credential (what a tracker's API token is to its adapter): the
+# adapters send it as a Bearer token, the sandbox refuses any request without it. A fixed key in
+# DEBUG (the embedded demo on 127.0.0.1); in production the sandbox is closed unless it is set.
+SANDBOX_API_KEY = env("SANDBOX_API_KEY", "embedded-sandbox-key" if DEBUG else "")
