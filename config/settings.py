@@ -184,6 +184,14 @@ SILENCED_SYSTEM_CHECKS = ["models.W040"]
 
 # --- Access control and production security (README "Security") ---------------------------
 # One block on purpose: Content-Security-Policy lives in its own block, maintained apart.
+AUTHENTICATION_BACKENDS = ["recovery.login_throttle.ThrottledModelBackend"]
+# A username with this many failed logins in the last RECOVERY_LOGIN_LOCKOUT_SECONDS is refused
+# (429, even with the right password) until fewer remain in that window; a success resets it.
+# Counted in the database, so every web process sees the same failures.
+RECOVERY_LOGIN_MAX_FAILURES = int(env("RECOVERY_LOGIN_MAX_FAILURES", "5"))
+RECOVERY_LOGIN_LOCKOUT_SECONDS = float(env("RECOVERY_LOGIN_LOCKOUT_SECONDS", "900"))
+if RECOVERY_LOGIN_MAX_FAILURES < 1 or RECOVERY_LOGIN_LOCKOUT_SECONDS <= 0:
+    raise ImproperlyConfigured("RECOVERY_LOGIN_MAX_FAILURES must be ≥ 1 and RECOVERY_LOGIN_LOCKOUT_SECONDS > 0")
 # The simulated systems' own credential (what a tracker's API token is to its adapter): the
 # adapters send it as a Bearer token, the sandbox refuses any request without it. A fixed key in
 # DEBUG (the embedded demo on 127.0.0.1); in production the sandbox is closed unless it is set.
