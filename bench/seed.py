@@ -136,6 +136,7 @@ def django_env(db_url: str, **extra: str) -> dict[str, str]:
         "DJANGO_DEBUG": "0",
         "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY", "bench-" + hashlib.sha256(os.urandom(16)).hexdigest()),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
+        "DJANGO_SECURE_SSL_REDIRECT": "0",  # plain HTTP on the loopback: no TLS to redirect to
         "RECOVERY_LOG_LEVEL": "WARNING",
     }
     env.update(extra)

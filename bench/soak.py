@@ -341,6 +341,8 @@ class Soak:
             SANDBOX_URL=f"http://127.0.0.1:{self.server_port}",
             DJANGO_DEBUG="0",  # as in production: no query log kept in every worker
             DJANGO_SECRET_KEY=secrets.token_urlsafe(32),
+            DJANGO_SECURE_SSL_REDIRECT="0",  # plain HTTP on the loopback: no TLS to redirect to
+            SANDBOX_API_KEY=secrets.token_urlsafe(32),  # production settings close the sandbox without one
             DJANGO_SETTINGS_MODULE="config.settings",
             PORT=str(self.server_port),
             MODEL_PROVIDER="rules",

@@ -161,9 +161,6 @@ RECOVERY_WORKFLOW_MODULES = [
 SANDBOX_URL = env("SANDBOX_URL", f"http://127.0.0.1:{env('PORT', '8000')}").rstrip("/")
 # Seconds an adapter waits for a response once its request is sent; past it, the outcome is unknown.
 RECOVERY_HTTP_TIMEOUT = float(env("RECOVERY_HTTP_TIMEOUT", "5"))
-# The adapters' credential, sent as "Authorization: Bearer …" when set (the simulated systems
-# accept any request; a real tracker, messenger or ERP would check it).
-SANDBOX_API_TOKEN = env("SANDBOX_API_TOKEN", "")
 
 # --- Model providers -------------------------------------------------------------------
 MODEL_PROVIDER = env("MODEL_PROVIDER", "rules")
@@ -179,7 +176,7 @@ OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "30"))
 # defaults in recovery/redaction.py: RECOVERY_REDACT_FIELDS (key names whose values are
 # replaced), RECOVERY_REDACT_PATTERNS (name -> regex, replaced in every string) and
 # RECOVERY_REDACT_SETTINGS (the settings whose values are secrets, replaced wherever they
-# appear: SECRET_KEY, OPENAI_API_KEY, SANDBOX_API_TOKEN).
+# appear: SECRET_KEY, OPENAI_API_KEY, SANDBOX_API_KEY).
 
 # The redact filter runs on the handler: a logger's own filters never see its children's
 # records. recovery.apps also redacts every record where it is created, for other handlers.
@@ -197,3 +194,50 @@ LOGGING = {
 
 # step_state_kind_idx INCLUDEs run_id on PostgreSQL; SQLite builds it on the key columns only.
 SILENCED_SYSTEM_CHECKS = ["models.W040"]
+
+# --- Access control and production security (README "Security") ---------------------------
+# One block on purpose: Content-Security-Policy lives in its own block, maintained apart.
+AUTHENTICATION_BACKENDS = ["recovery.login_throttle.ThrottledModelBackend"]
+# A username with this many failed logins in the last RECOVERY_LOGIN_LOCKOUT_SECONDS is refused
+# (429, even with the right password) until fewer remain in that window; a success resets it.
+# Counted in the database, so every web process sees the same failures.
+RECOVERY_LOGIN_MAX_FAILURES = int(env("RECOVERY_LOGIN_MAX_FAILURES", "5"))
+RECOVERY_LOGIN_LOCKOUT_SECONDS = float(env("RECOVERY_LOGIN_LOCKOUT_SECONDS", "900"))
+if RECOVERY_LOGIN_MAX_FAILURES < 1 or RECOVERY_LOGIN_LOCKOUT_SECONDS <= 0:
+    raise ImproperlyConfigured("RECOVERY_LOGIN_MAX_FAILURES must be ≥ 1 and RECOVERY_LOGIN_LOCKOUT_SECONDS > 0")
+# The simulated systems' own credential (what a tracker's API token is to its adapter): the
+# adapters send it as a Bearer token, the sandbox refuses any request without it. A fixed key in
+# DEBUG (the embedded demo on 127.0.0.1); in production the sandbox is closed unless it is set.
+SANDBOX_API_KEY = env("SANDBOX_API_KEY", "embedded-sandbox-key" if DEBUG else "")
+
+# Sessions: one shift (8 h from login, not extended by the console's polling), gone when the
+# browser closes. SameSite=Lax: every state change is a POST with a CSRF token (the permission
+# matrix in tests/test_access_matrix.py pins it), and Lax withholds the cookie from cross-site
+# POSTs; Strict would also drop it on links into a run page from the tracker or the chat.
+SESSION_COOKIE_AGE = int(env("DJANGO_SESSION_COOKIE_AGE", str(8 * 3600)))
+SESSION_EXPIRE_AT_BROWSER_CLOSE = True
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+# No script reads the CSRF cookie: pages carry the token ({% csrf_token %}, and base.html's
+# hx-headers for htmx), so the cookie can be HttpOnly.
+CSRF_COOKIE_HTTPONLY = True
+CSRF_TRUSTED_ORIGINS = [o.strip() for o in env("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"  # workflow ids (tenant, invoice) never leave in a Referer
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+# Production (DJANGO_DEBUG=0) is served over TLS: cookies only over HTTPS, HTTP redirected to
+# HTTPS, HSTS. Behind a TLS-terminating proxy set DJANGO_SECURE_PROXY_SSL_HEADER (e.g.
+# "HTTP_X_FORWARDED_PROTO,https"), and only if the proxy overwrites that header.
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = not DEBUG
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_HSTS_SECONDS = int(env("DJANGO_SECURE_HSTS_SECONDS", "0" if DEBUG else "31536000"))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", True)
+_proxy_header = env("DJANGO_SECURE_PROXY_SSL_HEADER")
+if _proxy_header:
+    _name, _, _value = _proxy_header.partition(",")
+    if not _name.strip().startswith("HTTP_") or not _value.strip():
+        raise ImproperlyConfigured('DJANGO_SECURE_PROXY_SSL_HEADER must look like "HTTP_X_FORWARDED_PROTO,https"')
+    SECURE_PROXY_SSL_HEADER = (_name.strip(), _value.strip())

@@ -1,6 +1,7 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path
+
+from recovery import auth_views
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),

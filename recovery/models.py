@@ -285,3 +285,20 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…, {self.workflow_name})"
+
+
+class LoginFailure(models.Model):
+    """One failed login for a username, kept in the database so that every web process counts
+    the same failures (recovery.login_throttle). No password, no IP: the name and the time."""
+
+    username = models.CharField(max_length=150)  # casefolded, as login_throttle.normalise makes it
+    at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["username", "at"], name="login_failure_user_at_idx"),
+            models.Index(fields=["at"], name="login_failure_at_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"login failure {self.username} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -20,6 +20,7 @@ class Role(IntEnum):
 REQUIRED_ROLE: dict[str, Role] = {
     "view": Role.VIEWER,
     "export": Role.VIEWER,
+    "act": Role.OPERATOR,  # post any action on a run at all; the action then needs its own role
     "resume": Role.OPERATOR,
     "reconcile": Role.OPERATOR,
     "retry": Role.OPERATOR,

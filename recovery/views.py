@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from functools import wraps
 
-from django.contrib.auth.decorators import login_required
 from django.contrib.auth.views import redirect_to_login
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import reswap, retarget
 
@@ -24,7 +23,9 @@ from .transitions import run_version
 
 
 def permission_required(action: str):
-    """Login first (a page redirects to the login form); then the role, checked on the server."""
+    """Login first (a page redirects to the login form); then the role, checked on the server.
+    Views put the method check outside this one: a wrong method is 405 for everyone (README
+    "Security": method, then session, then role; a refusal changes nothing)."""
 
     def decorate(view):
         @wraps(view)
@@ -32,7 +33,7 @@ def permission_required(action: str):
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             if not can(request.user, action):
-                return HttpResponseForbidden(f"Your role may not {action} here.")
+                return _flash(request, f"Your role may not {action} here.", status=403)
             return view(request, *args, **kwargs)
 
         return wrapper
@@ -50,7 +51,7 @@ def _flash(request: HttpRequest, message: str, *, status: int, level: str = "err
 # --- runs list --------------------------------------------------------------------------
 
 
-@require_GET
+@require_safe
 @vary_on_headers("HX-Request")
 @permission_required("view")
 def runs_list(request: HttpRequest) -> HttpResponse:
@@ -103,7 +104,7 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
 # --- one run ---------------------------------------------------------------------------
 
 
-@require_GET
+@require_safe
 @vary_on_headers("HX-Request")
 @permission_required("view")
 def run_detail(request: HttpRequest, workflow_id: str) -> HttpResponse:
@@ -127,7 +128,7 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
 
 
 @require_POST
-@login_required
+@permission_required("act")
 def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
     action = request.POST.get("action", "")
     permission = services.PERMISSION_OF.get(action)
@@ -159,12 +160,13 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
 # --- dashboard and demo -------------------------------------------------------------------
 
 
-@require_GET
+@require_safe
 @permission_required("view")
 def dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "console/dashboard.html", services.dashboard(now=clock.now()))
 
 
+@require_http_methods(["GET", "HEAD", "POST"])
 @permission_required("sandbox")
 def demo(request: HttpRequest) -> HttpResponse:
     message, status = "", 200

@@ -1,14 +1,19 @@
-"""HTTP JSON endpoints of the simulated systems. No auth, no CSRF: they stand in for Jira,
-Slack and an ERP that the adapters call over real HTTP. Views only parse and validate the
-request; what happens is in ``sandbox/services.py``."""
+"""HTTP JSON endpoints of the simulated systems. They stand in for Jira, Slack and an ERP that
+the adapters call over real HTTP, and like those they ask the caller for its own credential
+(``Authorization: Bearer <SANDBOX_API_KEY>``), not for a console session: no cookies, no CSRF.
+Without the key a request is refused with 401 and changes nothing (an outsider could otherwise
+create the task a run's predictable idempotency key will find, or forge ledger entries).
+Views only parse and validate the request; what happens is in ``sandbox/services.py``."""
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from functools import wraps
 
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -20,9 +25,16 @@ class BadRequest(Exception):
     """The request is malformed: a 400 with this message."""
 
 
+def authorised(request: HttpRequest) -> bool:
+    """True if the request carries the sandbox's API key. No key configured: nobody is."""
+    key = settings.SANDBOX_API_KEY
+    presented = request.headers.get("Authorization", "")
+    return bool(key) and hmac.compare_digest(presented.encode(), f"Bearer {key}".encode())
+
+
 def json_endpoint(*methods: str) -> Callable:
-    """A CSRF-exempt view that answers only ``methods``, turns BadRequest into a 400 and a
-    ``Reply`` into a JSON response."""
+    """A CSRF-exempt view that answers only ``methods`` (405), only to a caller with the API key
+    (401), turns BadRequest into a 400 and a ``Reply`` into a JSON response."""
 
     def decorate(view: Callable[..., Reply]) -> Callable:
         @csrf_exempt
@@ -31,6 +43,11 @@ def json_endpoint(*methods: str) -> Callable:
             if request.method not in methods:
                 response = JsonResponse({"error": f"method {request.method} not allowed"}, status=405)
                 response["Allow"] = ", ".join(methods)
+                return response
+            if not authorised(request):
+                message = "an Authorization: Bearer <SANDBOX_API_KEY> header is required"
+                response = JsonResponse({"error": message}, status=401)
+                response["WWW-Authenticate"] = 'Bearer realm="sandbox"'
                 return response
             try:
                 reply = view(request, *args, **kwargs)

@@ -93,10 +93,10 @@ def test_ordinary_text_is_kept_byte_for_byte():
 
 def test_the_deployment_s_known_secrets_are_replaced_wherever_they_appear(settings):
     settings.OPENAI_API_KEY = "custom-openai-key-without-any-prefix"
-    settings.SANDBOX_API_TOKEN = "sandbox-token-0001"
+    settings.SANDBOX_API_KEY = "sandbox-token-0001"
     settings.SECRET_KEY = "django-secret-key-planted-here"
     out = redact_text("a custom-openai-key-without-any-prefix b sandbox-token-0001 c django-secret-key-planted-here d")
-    assert out == "a [REDACTED:OPENAI_API_KEY] b [REDACTED:SANDBOX_API_TOKEN] c [REDACTED:SECRET_KEY] d"
+    assert out == "a [REDACTED:OPENAI_API_KEY] b [REDACTED:SANDBOX_API_KEY] c [REDACTED:SECRET_KEY] d"
 
 
 def test_a_known_secret_too_short_to_be_told_from_text_is_not_looked_for(settings):
@@ -186,7 +186,7 @@ def test_the_console_handler_redacts_and_every_record_is_redacted_where_it_is_cr
 
 
 def test_adapters_send_their_token_from_settings_and_redact_an_echo_of_it(settings):
-    settings.SANDBOX_API_TOKEN = "sandbox-token-planted-0002"
+    settings.SANDBOX_API_KEY = "sandbox-token-planted-0002"
     seen = []
 
     def handler(request):
@@ -207,7 +207,7 @@ def test_what_is_persisted_is_what_is_replayed(clock, settings, monkeypatch):
     step with the same (redacted) intent, built from the same (redacted) results: the executor
     goes on with what it persisted, never with the secrets it was handed."""
     settings.OPENAI_API_KEY = KEY
-    settings.SANDBOX_API_TOKEN = "sandbox-token-planted-0003"
+    settings.SANDBOX_API_KEY = "sandbox-token-planted-0003"
     receivers.PLANTED.update(ingestion="rc_" + "C" * 43, password="pw-0003")
     run, _ = transitions.run_start(workflow="test_secrets", data={"tenant": "t", "order_id": "straight", "text": "x"})
     run = drive(run, clock)
@@ -274,7 +274,7 @@ def test_planted_secrets_reach_no_checkpoint_audit_event_export_or_log_line(cloc
     bearer = f"brPLANTED{uid}"  # only ever after "Bearer "
     iban = "DE89370400440532013000"  # test_secrets's own sensitive field
     settings.SANDBOX_URL = live_server.url
-    settings.OPENAI_API_KEY, settings.SANDBOX_API_TOKEN, settings.SECRET_KEY = key, sandbox_token, secret_key
+    settings.OPENAI_API_KEY, settings.SANDBOX_API_KEY, settings.SECRET_KEY = key, sandbox_token, secret_key
     settings.MODEL_PROVIDER, settings.OPENAI_BASE_URL = "openai", stub.base_url
     faults.clear()
     _, ingestion = tokens.issue_token(name="erp", workflow_name="invoice")
@@ -349,7 +349,7 @@ def test_planted_secrets_reach_no_checkpoint_audit_event_export_or_log_line(cloc
 
     # ... and the secrets were there to be found: their markers took their places
     dump = texts["database dump"]
-    for marker in ("[REDACTED:OPENAI_API_KEY]", "[REDACTED:SANDBOX_API_TOKEN]", "[REDACTED:SECRET_KEY]"):
+    for marker in ("[REDACTED:OPENAI_API_KEY]", "[REDACTED:SANDBOX_API_KEY]", "[REDACTED:SECRET_KEY]"):
         assert marker in dump
     assert "[REDACTED:ingestion_token]" in dump and '"password": "[REDACTED]"' in dump
     assert "Bearer [REDACTED]" in dump and '"iban": "[REDACTED]"' in dump
@@ -357,7 +357,7 @@ def test_planted_secrets_reach_no_checkpoint_audit_event_export_or_log_line(cloc
         assert "[REDACTED:ingestion_token]" in texts[where]  # the operator's reason
         assert "[REDACTED:OPENAI_API_KEY]" in texts[where]  # a remote error in a retry's reason
     for where in ("captured logs", "console log"):
-        assert "fetched with key [REDACTED:OPENAI_API_KEY] via [REDACTED:SANDBOX_API_TOKEN]" in texts[where]
+        assert "fetched with key [REDACTED:OPENAI_API_KEY] via [REDACTED:SANDBOX_API_KEY]" in texts[where]
     assert "model call failed" in caplog.text and "[REDACTED" in caplog.text
 
 

@@ -11,6 +11,7 @@ import time
 from io import StringIO
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connections, router
 from django.test import Client
@@ -25,9 +26,14 @@ TASK = {"title": "Approve inv-1847", "assignee": "alice", "payload": {"invoice":
 ENTRY = {"reference": "inv-1847", "amount": "123.45", "currency": "EUR", "account": "6000", "memo": "chairs"}
 
 
+def adapter_client() -> Client:
+    """A caller with the sandbox's API key, as the adapters are."""
+    return Client(headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"})
+
+
 @pytest.fixture
 def api() -> Client:
-    return Client()
+    return adapter_client()
 
 
 def post(api: Client, url: str, body, **headers):
@@ -132,7 +138,7 @@ def test_two_concurrent_posts_with_one_key_create_one_task():
     def worker():
         try:
             barrier.wait()
-            responses.append(create_task(Client()))
+            responses.append(create_task(adapter_client()))
         finally:
             connections.close_all()
 

@@ -9,6 +9,7 @@ from io import StringIO
 
 import httpx
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.utils import timezone
@@ -27,6 +28,8 @@ from recovery.models import (
 )
 from sandbox import faults
 from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task
+
+SANDBOX_AUTH = {"Authorization": f"Bearer {django_settings.SANDBOX_API_KEY}"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])]
 
@@ -141,12 +144,12 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
 def test_seed_demo_uses_a_sandbox_that_answers_at_the_given_url(live_server):
     with sandbox_server(live_server.url) as url:
         assert url == live_server.url
-    assert httpx.get(f"{live_server.url}/sandbox/tasks/").status_code == 200
+    assert httpx.get(f"{live_server.url}/sandbox/tasks/", headers=SANDBOX_AUTH).status_code == 200
 
 
 def test_seed_demo_serves_the_sandbox_itself_while_it_runs_when_nothing_answers():
     with sandbox_server(unreachable_url()) as url:
-        assert httpx.get(f"{url}/sandbox/tasks/").json() == {"results": []}
+        assert httpx.get(f"{url}/sandbox/tasks/", headers=SANDBOX_AUTH).json() == {"results": []}
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/sandbox/tasks/")
 

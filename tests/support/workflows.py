@@ -167,7 +167,7 @@ class SecretEvent(BaseModel):
 
 
 def _planted() -> dict[str, str]:
-    return {"api_key": settings.OPENAI_API_KEY, "sandbox": settings.SANDBOX_API_TOKEN, **receivers.PLANTED}
+    return {"api_key": settings.OPENAI_API_KEY, "sandbox": settings.SANDBOX_API_KEY, **receivers.PLANTED}
 
 
 secrets = Workflow(

@@ -70,8 +70,13 @@ class SandboxClient:
     """A small JSON client with explicit timeouts. ``changes_state`` tells the classifier
     whether a lost response means "unknown" (a write) or merely "try again" (a read)."""
 
-    def __init__(self, *, base_url: str | None = None, timeout: float | None = None, transport=None):
+    def __init__(
+        self, *, base_url: str | None = None, timeout: float | None = None, transport=None, api_key: str | None = None
+    ):
         self.base_url = (base_url or settings.SANDBOX_URL).rstrip("/")
+        key = settings.SANDBOX_API_KEY if api_key is None else api_key
+        # The systems' own credential (a tracker's API token), never a console session.
+        self.auth = {"Authorization": f"Bearer {key}"} if key else {}
         read = settings.RECOVERY_HTTP_TIMEOUT if timeout is None else timeout
         self.timeout = httpx.Timeout(read, connect=min(read, 5.0))
         self.transport = transport
@@ -88,12 +93,9 @@ class SandboxClient:
         headers: dict | None = None,
         accept: frozenset[int] = frozenset(),
     ) -> httpx.Response:
-        headers = dict(headers or {})
-        if settings.SANDBOX_API_TOKEN:
-            # Read at call time, never part of an intent: a checkpoint cannot hold it.
-            headers["Authorization"] = f"Bearer {settings.SANDBOX_API_TOKEN}"
         try:
             with httpx.Client(base_url=self.base_url, timeout=self.timeout, transport=self.transport) as client:
+                headers = {**self.auth, **(headers or {})}
                 response = client.request(method, path, json=json, params=params, headers=headers)
         except httpx.TransportError as exc:
             raise classify_transport_error(exc, what, changes_state=changes_state) from exc

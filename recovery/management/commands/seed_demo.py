@@ -385,7 +385,12 @@ def _sandbox_answers(url: str) -> bool:
     """True if the sandbox answers at ``url``, False if nothing listens there; anything else
     listening there is an error."""
     try:
-        response = httpx.get(f"{url}/sandbox/tasks/", params={"idempotency_key": "seed-demo-probe"}, timeout=5)
+        response = httpx.get(
+            f"{url}/sandbox/tasks/",
+            params={"idempotency_key": "seed-demo-probe"},
+            headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"},
+            timeout=5,
+        )
     except httpx.ConnectError:
         return False
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
