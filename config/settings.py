@@ -185,7 +185,7 @@ MIDDLEWARE.insert(
     MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
 )
-#NULMW
+MIDDLEWARE.append("recovery.middleware.RejectNulCharactersMiddleware")
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
 SECURE_CSP = {
     "default-src": [CSP.SELF],
