@@ -86,6 +86,7 @@ def test_every_console_page_the_login_page_and_the_admin_carry_the_policy(clock)
         assert response.status_code == 200, url
         assert response["Content-Security-Policy"] == POLICY, url
         assert "Content-Security-Policy-Report-Only" not in response
+        assert "{#" not in response.text and "{%" not in response.text  # no template source leaks into a page
     htmx = supervisor.get(reverse("console:runs"), headers={"HX-Request": "true", "HX-Target": "runs-table"})
     assert htmx["Content-Security-Policy"] == POLICY
     bulk = supervisor.post(reverse("console:bulk"), {"action": "resume", "reason": "r", "run": [run.workflow_id]})
