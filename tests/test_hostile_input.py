@@ -346,3 +346,15 @@ def test_a_lying_content_length_is_a_clear_4xx(token, length):
     assert response.json()["error"]
     assert not WorkflowRun.objects.exists()
     assert ApiToken.objects.count() == 1
+
+
+def test_a_wrong_method_is_a_405_that_says_which_method_to_use(clock):
+    """Found by the fuzzer: POST /runs//act reaches the run page (GET only) with an empty 405."""
+    supervisor = login("supervisor")
+    for response, allowed in [
+        (supervisor.post("/runs//act", {"action": "resume"}), "GET"),
+        (supervisor.get(reverse("console:bulk")), "POST"),
+        (supervisor.post(reverse("console:audit-export")), "GET"),
+    ]:
+        assert response.status_code == 405 and response["Allow"] == allowed
+        assert f"use {allowed}" in response.text
