@@ -180,6 +180,34 @@ OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "30"))
 
 # The redact filter runs on the handler: a logger's own filters never see its children's
 # records. recovery.apps also redacts every record where it is created, for other handlers.
+
+# --- Hostile input: Content-Security-Policy and request limits ----------------------------
+# (kept in one block: README "Hostile input and Content-Security-Policy")
+# Every response carries an enforced policy: scripts and styles only from our own static
+# files (htmx is vendored), no inline script, no inline style, no eval, no plugins, no framing,
+# forms and requests only to this origin. Console pages never need a nonce. Django's admin
+# templates put a per-request nonce on the few inline <style> blocks they render
+# ({% csp_nonce_attr %}); the nonce appears in the header only on a response that used it.
+from django.utils.csp import CSP  # noqa: E402
+
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
+)
+MIDDLEWARE.append("recovery.middleware.RejectNulCharactersMiddleware")
+TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF, CSP.NONCE],
+    "img-src": [CSP.SELF],
+    "connect-src": [CSP.SELF],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "object-src": [CSP.NONE],
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 import pydantic
@@ -34,6 +35,8 @@ from .workflow import Workflow, get_workflow
 log = logging.getLogger("recovery.api")
 
 MAX_BODY_BYTES = 256 * 1024
+WORKFLOW_ID_MAX_LENGTH = WorkflowRun._meta.get_field("workflow_id").max_length
+MAX_DEPTH = 32  # objects and arrays inside one another: an event, not a stress test for the encoders
 
 
 class ApiError(Exception):
@@ -106,13 +109,14 @@ def _json_object(request: HttpRequest) -> dict[str, Any]:
     if declared > MAX_BODY_BYTES or len(request.body) > MAX_BODY_BYTES:
         raise ApiError(413, f"the event is larger than {MAX_BODY_BYTES // 1024} KiB")
     try:
-        data = json.loads(request.body, parse_constant=_refuse_constant)
+        data = json.loads(request.body, parse_constant=_refuse_constant, parse_float=_finite_float)
     except ValueError as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the event must be a JSON object")
+    _check_storable(data)
     return data
 
 
@@ -120,14 +124,56 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses as infinity, which no JSON column stores
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _check_storable(data: Any) -> None:
+    """Refuse, with the path of the value, what parses as JSON but cannot be stored or shown:
+    nesting deeper than MAX_DEPTH, and text (keys too) with a NUL character (PostgreSQL refuses
+    U+0000) or a lone surrogate such as ``"\\ud800"`` (not encodable as UTF-8)."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ApiError(400, f"the event is nested deeper than {MAX_DEPTH} levels (at {path[:200] or 'the top'})")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, f"{path}.{key}" if path else key, what="key")
+                stack.append((item, f"{path}.{key}" if path else key, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            _check_text(value, path, what="value")
+
+
+def _check_text(text: str, path: str, *, what: str) -> None:
+    where = path[:200] or "the top"  # JSON escapes the rest
+    if "\x00" in text:
+        raise ApiError(400, f"the {what} at {where} contains a NUL character (U+0000)", fields={where: "NUL character"})
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(
+            400, f"the {what} at {where} contains a lone surrogate (not UTF-8)", fields={where: "lone surrogate"}
+        ) from None
+
+
 def _start(workflow: Workflow, data: dict[str, Any], *, actor: str) -> tuple[WorkflowRun, bool]:
     try:
+        workflow_id = workflow.workflow_id(workflow.validate_input(data))
+        if len(workflow_id) > WORKFLOW_ID_MAX_LENGTH:
+            too_long = f"the event's workflow id is {len(workflow_id):,} characters long"
+            raise ApiError(400, f"{too_long}; at most {WORKFLOW_ID_MAX_LENGTH} are allowed")
         return run_start(workflow=workflow, data=data, actor=actor)
     except pydantic.ValidationError as exc:
         raise ApiError(400, "the event does not match the workflow's input", fields=_fields(exc)) from None
     except StartConflict as exc:
         raise ApiError(409, str(exc)) from None
-    except (ValueError, KeyError) as exc:  # a workflow without a schema: its workflow id needs a field
+    except (ValueError, KeyError, TypeError) as exc:  # a workflow without a schema: its workflow id needs a field
         raise ApiError(400, f"the event cannot start {workflow.name}: {exc}") from None
 
 

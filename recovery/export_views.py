@@ -5,10 +5,10 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, StreamingHttpResponse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
 
 from . import exports
 from .permissions import can
+from .views import require_GET
 
 
 @require_GET

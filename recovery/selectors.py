@@ -119,7 +119,7 @@ class RunFilters:
             q=text("q"),
             key=text("key"),
             age=age if age in AGES else "",
-            after=int(after) if after.isdigit() else None,
+            after=_cursor(after),
         )
 
     def query(self, **changes: Any) -> str:
@@ -189,6 +189,19 @@ class RunFilters:
             for branch in self._search_branches(qs)
         ]
         return WorkflowRun.objects.filter(pk__in=limited[0].union(*limited[1:])).order_by("-pk")[:limit]
+
+
+MAX_CURSOR = 2**63 - 1  # a run id is a 64-bit integer
+
+
+def _cursor(value: str) -> int | None:
+    """A keyset cursor from the URL: a run id in ASCII digits (``str.isdigit`` also accepts
+    "²" or "١", which ``int`` refuses or reads), within the 64-bit range of the ids; anything
+    else means the first page."""
+    if not (value.isascii() and value.isdigit()):
+        return None
+    cursor = int(value)
+    return cursor if cursor <= MAX_CURSOR else None
 
 
 RUN_LIST_FIELDS = (

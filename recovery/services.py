@@ -14,7 +14,7 @@ from django.db.models.functions import TruncHour
 
 from . import clock, selectors, transitions
 from .errors import InvalidTransition
-from .models import FAILURE_ACTIONS, AuditEvent, RunState, StepState, WorkflowRun
+from .models import FAILURE_ACTIONS, AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from .permissions import can
 
 # console action -> the permission it needs (recovery.permissions.REQUIRED_ROLE)
@@ -27,6 +27,10 @@ PERMISSION_OF = {
     "compensate": "compensate",
     "terminate": "terminate",
 }
+
+
+# The column's size: a longer evidence reference is refused with a message, not a database error.
+REMOTE_REF_MAX_LENGTH = StepExecution._meta.get_field("remote_ref").max_length
 
 
 def apply_action(
@@ -42,6 +46,8 @@ def apply_action(
     """Apply one operator action; returns the message to show. Raises InvalidTransition
     (RunChanged when the page was stale) and WorkflowRun.DoesNotExist."""
     common = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect}
+    if len(remote_ref.strip()) > REMOTE_REF_MAX_LENGTH:
+        raise InvalidTransition(f"a remote id has at most {REMOTE_REF_MAX_LENGTH} characters")
     if action in ("retry", "reconcile", "resolve_happened", "resolve_absent") and not step:
         raise InvalidTransition(f"{action} needs a step")
     if action == "resume":
@@ -141,8 +147,10 @@ def bulk_apply(
     event). Runs where it is not valid are listed back, untouched."""
     if action not in BULK_ACTIONS:
         raise ValueError(f"bulk action must be one of {', '.join(BULK_ACTIONS)}")
-    if not reason.strip():
-        raise ValueError("a reason is required")
+    try:
+        reason = transitions._require_reason(reason)  # refused once, not once per run
+    except InvalidTransition as exc:
+        raise ValueError(str(exc)) from None
     if all_matching:
         # The newest BULK_LIMIT runs matching the filter (a search's branches each cut to as
         # many, then merged): not limited to the page on screen, whatever its cursor.

@@ -976,10 +976,17 @@ def _locked_run_by_id(workflow_id: str, expect: str | None = None) -> WorkflowRu
     return run
 
 
-def _require_reason(reason: str) -> str:
+def _require_reason(reason: str, *, max_length: int = 2000) -> str:
+    """The reason an operator gives, stripped: required, at most ``max_length`` characters
+    (a reason, not a document: it is shown in the console and in every export), and no NUL
+    character (PostgreSQL cannot store one)."""
     reason = (reason or "").strip()
     if not reason:
         raise InvalidTransition("a reason is required")
+    if len(reason) > max_length:
+        raise InvalidTransition(f"the reason is {len(reason):,} characters long; at most {max_length:,} are allowed")
+    if "\x00" in reason:
+        raise InvalidTransition("the reason contains a NUL character (U+0000)")
     return reason
 
 

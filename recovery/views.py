@@ -8,10 +8,9 @@ from __future__ import annotations
 from functools import wraps
 
 from django.contrib.auth.views import redirect_to_login
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_http_methods, require_POST, require_safe
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import reswap, retarget
 
@@ -20,6 +19,30 @@ from .errors import InvalidTransition, RunChanged
 from .models import WorkflowRun
 from .permissions import can, role_of
 from .transitions import run_version
+
+
+def require_methods(*methods: str):
+    """Like Django's ``require_http_methods``, with a message in the 405 (every refusal of the
+    console says why)."""
+
+    def decorate(view):
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args, **kwargs):
+            if request.method not in methods:
+                return HttpResponseNotAllowed(
+                    methods,
+                    f"{request.method} is not allowed here; use {' or '.join(methods)}\n",
+                    content_type="text/plain; charset=utf-8",
+                )
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+require_safe = require_methods("GET", "HEAD")
+require_POST = require_methods("POST")
 
 
 def permission_required(action: str):
@@ -166,7 +189,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "console/dashboard.html", services.dashboard(now=clock.now()))
 
 
-@require_http_methods(["GET", "HEAD", "POST"])
+@require_methods("GET", "HEAD", "POST")
 @permission_required("sandbox")
 def demo(request: HttpRequest) -> HttpResponse:
     message, status = "", 200

@@ -24,6 +24,11 @@ from .models import (
 DB = "sandbox"
 
 
+# (minimum, maximum) of a fault's numbers: a fault hits a test or a demo, not a year of calls,
+# and a slow reply must not hold a server thread for hours (nor overflow the integer columns).
+LIMITS = {"times": (1, 100_000), "retry_after": (0, 86_400), "delay_ms": (0, 600_000)}
+
+
 def validate(service: str, operation: str, mode: str, *, times: int = 1, retry_after: int = 1, delay_ms: int = 0):
     """Raise ValueError (one clear line) unless this is a faultable operation and a known mode."""
     if service not in FAULTABLE:
@@ -33,9 +38,10 @@ def validate(service: str, operation: str, mode: str, *, times: int = 1, retry_a
         raise ValueError(f"unknown operation {operation!r} for {service} (expected one of: {', '.join(operations)})")
     if mode not in FaultMode.values:
         raise ValueError(f"unknown mode {mode!r} (expected one of: {', '.join(FaultMode.values)})")
-    for name, value, minimum in (("times", times, 1), ("retry_after", retry_after, 0), ("delay_ms", delay_ms, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ValueError(f"{name} must be an integer of at least {minimum}, got {value!r}")
+    for name, value in (("times", times), ("retry_after", retry_after), ("delay_ms", delay_ms)):
+        minimum, maximum = LIMITS[name]
+        if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+            raise ValueError(f"{name} must be an integer from {minimum} to {maximum:,}, got {value!r}")
 
 
 def set_fault(service: str, operation: str, mode: str, *, times: int = 1, retry_after: int = 1, delay_ms: int = 0):
