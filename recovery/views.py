@@ -41,6 +41,7 @@ def require_methods(*methods: str):
     return decorate
 
 
+require_GET = require_methods("GET")
 require_safe = require_methods("GET", "HEAD")
 require_POST = require_methods("POST")
 
