@@ -81,6 +81,10 @@ class RunChanged(InvalidTransition):
     """An operator acted on a stale page: the run changed since it was loaded."""
 
 
+class ApprovalRequired(InvalidTransition):
+    """The workflow puts this action behind a second supervisor (four-eyes): request it."""
+
+
 class LeaseLost(EngineError):
     """Another executor owns the run now: the fenced write matched no row."""
 

@@ -302,3 +302,48 @@ class LoginFailure(models.Model):
 
     def __str__(self) -> str:
         return f"login failure {self.username} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class ApprovalState(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"  # and the action ran, in the same transaction
+    REJECTED = "rejected"  # by another supervisor, or withdrawn by the requester
+
+
+class ApprovalRequest(models.Model):
+    """Four-eyes (``Workflow(four_eyes=…)``): an operator action on a run that waits for a
+    second supervisor. Written only by recovery.transitions (approval_request, approval_grant,
+    approval_reject), each with its own audit event."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="approvals")
+    action = models.CharField(max_length=24)  # recovery.workflow.FOUR_EYES_ACTIONS
+    step_name = models.CharField(max_length=100, blank=True)
+    remote_ref = models.CharField(max_length=255, blank=True)  # the evidence of "mark succeeded"
+    reason = models.TextField()
+    state = models.CharField(max_length=12, choices=ApprovalState.choices, default=ApprovalState.PENDING)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    requested_at = models.DateTimeField()
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "requested_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "action", "step_name"],
+                condition=models.Q(state="pending"),
+                name="one_pending_approval_per_action",
+            ),
+            models.CheckConstraint(
+                # the database's own four-eyes rule: nobody approves their own request
+                condition=~models.Q(state="approved") | ~models.Q(decided_by=models.F("requested_by")),
+                name="approval_by_another_user",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        target = f" {self.step_name}" if self.step_name else ""
+        return f"{self.action}{target} on {self.run_id} ({self.state})"

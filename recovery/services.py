@@ -13,7 +13,7 @@ from django.db.models import Count
 from django.db.models.functions import TruncHour
 
 from . import clock, selectors, transitions
-from .errors import InvalidTransition
+from .errors import ApprovalRequired, InvalidTransition
 from .models import FAILURE_ACTIONS, AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from .permissions import can
 
@@ -26,6 +26,10 @@ PERMISSION_OF = {
     "resolve_absent": "reconcile",
     "compensate": "compensate",
     "terminate": "terminate",
+    # four-eyes: deciding a request needs a supervisor — to approve, another one than the
+    # requester (recovery.transitions checks that too, and the database)
+    "approve": "approve",
+    "reject": "approve",
 }
 
 
@@ -42,14 +46,47 @@ def apply_action(
     expect: str | None,
     remote_ref: str,
     actor: AbstractBaseUser,
+    request_id: str | None = None,
 ) -> str:
-    """Apply one operator action; returns the message to show. Raises InvalidTransition
+    """Apply one operator action; returns the message to show. On a workflow with four-eyes
+    actions, compensate, terminate and "it succeeded" become a request for approval, and
+    ``approve``/``reject`` decide request ``request_id``. Raises InvalidTransition
     (RunChanged when the page was stale) and WorkflowRun.DoesNotExist."""
     common = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect}
     if len(remote_ref.strip()) > REMOTE_REF_MAX_LENGTH:
         raise InvalidTransition(f"a remote id has at most {REMOTE_REF_MAX_LENGTH} characters")
     if action in ("retry", "reconcile", "resolve_happened", "resolve_absent") and not step:
         raise InvalidTransition(f"{action} needs a step")
+    if action in ("approve", "reject"):
+        return _decide(action, request_id, workflow_id=workflow_id, actor=actor, reason=reason, expect=expect)
+    try:
+        run = _direct(action, common, step, remote_ref)
+    except ApprovalRequired:
+        # The workflow puts it behind four eyes: the same form asks for it instead.
+        transitions.approval_request(action=action, step_name=step, remote_ref=remote_ref, **common)
+        label = transitions.LABELS[action]
+        return f"{label} requested: another supervisor must approve it before it runs"
+    target = f" ({step})" if step else ""
+    return f"{action.replace('_', ' ')}{target} recorded; the run is now {run.state}"
+
+
+def _decide(
+    action: str, request_id: str | None, *, workflow_id: str, actor: AbstractBaseUser, reason: str, expect: str | None
+) -> str:
+    from .models import ApprovalRequest
+
+    pk = request_id if isinstance(request_id, str) and request_id.isdigit() and len(request_id) < 19 else None
+    request = ApprovalRequest.objects.filter(pk=pk, run__workflow_id=workflow_id).first() if pk else None
+    if request is None:
+        raise InvalidTransition(f"no approval request {request_id!r} on this run")
+    if action == "reject":
+        transitions.approval_reject(request_id=request.pk, actor=actor, reason=reason)
+        return f"request to {transitions.LABELS[request.action]} turned down"
+    run = transitions.approval_grant(request_id=request.pk, actor=actor, reason=reason, expect=expect)
+    return f"{transitions.LABELS[request.action]} approved and recorded; the run is now {run.state}"
+
+
+def _direct(action: str, common: dict[str, Any], step: str | None, remote_ref: str) -> WorkflowRun:
     if action == "resume":
         run = transitions.run_resume(**common)
     elif action == "terminate":
@@ -66,8 +103,7 @@ def apply_action(
         )
     else:
         raise InvalidTransition(f"unknown action {action!r}")
-    target = f" ({step})" if step else ""
-    return f"{action.replace('_', ' ')}{target} recorded; the run is now {run.state}"
+    return run
 
 
 @dataclass(frozen=True)
@@ -118,7 +154,45 @@ def available_actions(detail: dict[str, Any], user: AbstractBaseUser, *, now: da
             )
     if run.state in transitions.RUN_TRANSITIONS["terminate"][0] and can(user, "terminate"):
         actions.append(Action("terminate", "Terminate", confirm="Stop this run for good? Effects made stay made."))
-    return actions
+    return [_as_request(run, a) for a in actions]
+
+
+def _as_request(run: WorkflowRun, action: Action) -> Action:
+    """On a four-eyes workflow, the action's button asks for it instead."""
+    if action.name not in transitions.LABELS or not transitions.needs_approval(run, action.name):
+        return action
+    return Action(
+        action.name,
+        f"Request: {action.label}",
+        action.step,
+        confirm=f"{action.confirm or action.label + '?'} A second supervisor must approve it before it runs.",
+        evidence=action.evidence,
+    )
+
+
+def four_eyes_labels(workflow) -> list[str]:
+    """The workflow's actions that need a second supervisor, as the console names them."""
+    if workflow is None:
+        return []
+    return [label for action, label in transitions.LABELS.items() if action in workflow.four_eyes]
+
+
+def pending_approvals(run: WorkflowRun, user: AbstractBaseUser) -> list[dict[str, Any]]:
+    """The run's requests waiting for a second supervisor, with what this user may do (no
+    query for a workflow without four-eyes actions)."""
+    if not any(transitions.needs_approval(run, action) for action in transitions.LABELS):
+        return []
+    pending = run.approvals.filter(state="pending").select_related("requested_by").order_by("requested_at", "pk")
+    return [
+        {
+            "request": request,
+            "label": transitions.LABELS.get(request.action, request.action),
+            "can_approve": can(user, "approve") and request.requested_by_id != user.pk,
+            "can_reject": can(user, "approve"),
+            "own": request.requested_by_id == user.pk,
+        }
+        for request in pending
+    ]
 
 
 # --- bulk ------------------------------------------------------------------------------

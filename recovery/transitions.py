@@ -28,8 +28,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 
-from . import clock, redaction, rows
+from . import clock, permissions, redaction, rows
 from .errors import (
+    ApprovalRequired,
     ErrorKind,
     InvalidTransition,
     LeaseLost,
@@ -39,6 +40,8 @@ from .errors import (
     TransientError,
 )
 from .models import (
+    ApprovalRequest,
+    ApprovalState,
     AuditEvent,
     DecisionState,
     ModelDecision,
@@ -1171,6 +1174,7 @@ def step_resolve(
     remote_ref: str = "",
     expect: str | None = None,
     now: datetime | None = None,
+    approval: ApprovalRequest | None = None,
 ) -> WorkflowRun:
     """An operator settles an unknown outcome with evidence from the other system: "it
     succeeded, remote id X" records the step as succeeded with that reference; "it did not
@@ -1184,6 +1188,8 @@ def step_resolve(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
+        if happened:
+            _four_eyes(run, "resolve_happened", step_name, approval)
         stays_terminated = run.state == RunState.TERMINATED
         if (run.state in TERMINAL_RUN_STATES and not stays_terminated) or _live_lease(run, now):
             raise InvalidTransition(f"run {workflow_id} is {run.state}; it cannot be changed now")
@@ -1227,6 +1233,7 @@ def run_terminate(
     reason: str,
     expect: str | None = None,
     now: datetime | None = None,
+    approval: ApprovalRequest | None = None,
 ) -> WorkflowRun:
     """Stop the run for good. Effects already made stay made (compensate them explicitly);
     a live executor's next fenced write fails, so it cannot continue."""
@@ -1234,6 +1241,7 @@ def run_terminate(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
+        _four_eyes(run, "terminate", "", approval)
         before = _snap(run)
         _check(RUN_TRANSITIONS, "terminate", run.state, "run")
         abandoned = _abandon_running_steps(run, now, actor)  # a live executor's call may land or not
@@ -1386,6 +1394,7 @@ def run_compensate(
     step_name: str | None = None,
     expect: str | None = None,
     now: datetime | None = None,
+    approval: ApprovalRequest | None = None,
 ) -> WorkflowRun:
     """Undo completed effects with their business compensations, in reverse order: one step,
     or every completed compensable step of the run. Refused while an outcome is unknown or
@@ -1394,11 +1403,222 @@ def run_compensate(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
+        _four_eyes(run, "compensate", step_name or "", approval)
         if _live_lease(run, now):
             raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
         _abandon_running_steps(run, now, actor)  # then compensation waits for their reconciliation
         _start_compensation(run, actor=actor, reason=reason, now=now, step_name=step_name)
         return run
+
+
+# --- four-eyes: an action, requested by one person, approved by another ------------------
+
+LABELS = {"compensate": "compensate", "terminate": "terminate", "resolve_happened": "mark succeeded"}
+
+
+def needs_approval(run: WorkflowRun, action: str) -> bool:
+    """Whether the run's workflow puts ``action`` behind a second supervisor (``four_eyes``)."""
+    try:
+        return action in get_workflow(run.workflow_name).four_eyes
+    except LookupError:
+        return False
+
+
+def _four_eyes(run: WorkflowRun, action: str, step_name: str, approval: ApprovalRequest | None) -> None:
+    """Refuse ``action`` unless the workflow lets it run directly or ``approval`` is its
+    granted request (approval_grant runs the action with it, in the grant's transaction)."""
+    if not needs_approval(run, action):
+        return
+    if approval is not None and (approval.run_id, approval.action, approval.step_name) == (run.pk, action, step_name):
+        if approval.state == ApprovalState.APPROVED or approval is _DRY_RUN.get():
+            return
+    raise ApprovalRequired(
+        f"{LABELS[action]} on {run.workflow_name} runs needs a second supervisor's approval: request it on the "
+        "run's page (or manage.py approval request)"
+    )
+
+
+# While a request is checked, the action runs once against it and is rolled back (_dry_run).
+_DRY_RUN: ContextVar[ApprovalRequest | None] = ContextVar("recovery_approval_dry_run", default=None)
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def _perform(request: ApprovalRequest, *, actor: AbstractBaseUser, reason: str, expect: str | None, now: datetime):
+    common = {"workflow_id": request.run.workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
+    if request.action == "terminate":
+        return run_terminate(**common, approval=request)
+    if request.action == "compensate":
+        return run_compensate(**common, step_name=request.step_name or None, approval=request)
+    return step_resolve(
+        **common, step_name=request.step_name, happened=True, remote_ref=request.remote_ref, approval=request
+    )
+
+
+def _dry_run(request: ApprovalRequest, *, actor: AbstractBaseUser, now: datetime) -> None:
+    """Run the requested action and roll it back: a request is only made for an action that
+    would run now (its InvalidTransition is the requester's answer)."""
+    token = _DRY_RUN.set(request)
+    try:
+        with transaction.atomic():
+            _perform(request, actor=actor, reason=request.reason, expect=None, now=now)
+            raise _RolledBack
+    except _RolledBack:
+        pass
+    finally:
+        _DRY_RUN.reset(token)
+
+
+def _approval_snap(request: ApprovalRequest) -> dict[str, Any]:
+    snap = {"id": request.pk, "action": request.action, "state": request.state}
+    if request.step_name:
+        snap["step"] = request.step_name
+    if request.remote_ref:
+        snap["remote_ref"] = request.remote_ref
+    return snap
+
+
+def approval_request(
+    *,
+    workflow_id: str,
+    action: str,
+    actor: AbstractBaseUser,
+    reason: str,
+    step_name: str | None = None,
+    remote_ref: str = "",
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> ApprovalRequest:
+    """Ask for ``action`` on a run whose workflow puts it behind four eyes. The action must be
+    one the run allows now (and the actor's own role); nothing changes on the run until
+    another supervisor approves. One pending request per action and step."""
+    reason = _require_reason(reason)
+    if actor is None or not getattr(actor, "is_authenticated", False):
+        raise InvalidTransition("only a person can request an action")
+    if action not in LABELS:
+        raise InvalidTransition(f"{action!r} does not need approval")
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        if not needs_approval(run, action):
+            raise InvalidTransition(f"{LABELS[action]} needs no approval on {run.workflow_name} runs: do it directly")
+        request = ApprovalRequest(
+            run=run,
+            action=action,
+            step_name=step_name or "",
+            remote_ref=redact_text((remote_ref or "").strip()),
+            reason=redact_text(reason),
+            state=ApprovalState.PENDING,
+            requested_by=actor,
+            requested_at=now,
+        )
+        _dry_run(request, actor=actor, now=now)
+        try:
+            with transaction.atomic():
+                request.save()
+        except IntegrityError:
+            raise InvalidTransition(f"a request to {LABELS[action]} is already waiting for approval") from None
+        _audit(
+            run,
+            "approval_request",
+            actor=actor,
+            step_name=request.step_name,
+            reason=reason,
+            before=_snap(run),
+            after={**_snap(run), "approval": _approval_snap(request)},
+            now=now,
+        )
+        return request
+
+
+def _locked_request(request_id: int | str) -> tuple[WorkflowRun, ApprovalRequest]:
+    try:
+        pk = int(request_id)
+    except (TypeError, ValueError):
+        raise InvalidTransition(f"no approval request {request_id!r}") from None
+    run_pk = ApprovalRequest.objects.filter(pk=pk).values_list("run_id", flat=True).first()
+    if run_pk is None:
+        raise InvalidTransition(f"no approval request {request_id!r}")
+    run = WorkflowRun.objects.select_for_update().get(pk=run_pk)  # lock order: run, then its rows
+    request = ApprovalRequest.objects.select_for_update().select_related("requested_by").get(pk=pk)
+    request.run = run
+    if request.state != ApprovalState.PENDING:
+        raise InvalidTransition(f"approval request {pk} is already {request.state}")
+    return run, request
+
+
+def approval_grant(
+    *,
+    request_id: int | str,
+    actor: AbstractBaseUser,
+    reason: str = "",
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """A second supervisor approves: the approval is audited, then the action runs, in one
+    transaction (if the action is no longer valid, neither happens and the request waits).
+    Nobody approves their own request."""
+    now = now or clock.now()
+    if actor is None or not permissions.can(actor, "approve"):
+        raise InvalidTransition("only a supervisor can approve")
+    with transaction.atomic():
+        run, request = _locked_request(request_id)
+        if request.requested_by_id == actor.pk:
+            raise InvalidTransition("you cannot approve your own request: another supervisor must")
+        if expect is not None and expect != run_version(run):
+            raise RunChanged(f"run {run.workflow_id} changed since you loaded it (it is now {run.state}); reload")
+        request.state = ApprovalState.APPROVED
+        request.decided_by = actor
+        request.decided_at = now
+        request.decision_reason = redact_text((reason or "").strip())
+        request.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
+        _audit(
+            run,
+            "approval_grant",
+            actor=actor,
+            step_name=request.step_name,
+            reason=request.decision_reason,
+            before=_snap(run),
+            after={
+                **_snap(run),
+                "approval": {**_approval_snap(request), "requested_by": request.requested_by.get_username()},
+            },
+            now=now,
+        )
+        who = f"requested by {request.requested_by.get_username()}, approved by {actor.get_username()}"
+        why = f"{request.reason} ({who})"
+        return _perform(request, actor=actor, reason=why, expect=None, now=now)
+
+
+def approval_reject(
+    *, request_id: int | str, actor: AbstractBaseUser, reason: str, now: datetime | None = None
+) -> ApprovalRequest:
+    """Turn a pending request down (a supervisor) or withdraw it (its requester). The run
+    does not change."""
+    reason = _require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run, request = _locked_request(request_id)
+        if actor is None or (request.requested_by_id != actor.pk and not permissions.can(actor, "approve")):
+            raise InvalidTransition("only a supervisor, or the requester, can turn a request down")
+        request.state = ApprovalState.REJECTED
+        request.decided_by = actor
+        request.decided_at = now
+        request.decision_reason = redact_text(reason)
+        request.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
+        _audit(
+            run,
+            "approval_reject",
+            actor=actor,
+            step_name=request.step_name,
+            reason=reason,
+            before=_snap(run),
+            after={**_snap(run), "approval": _approval_snap(request)},
+            now=now,
+        )
+        return request
 
 
 def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = None) -> StepExecution:

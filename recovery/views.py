@@ -142,6 +142,8 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         raise Http404(f"no run {workflow_id}") from None
     detail.update(
         actions=services.available_actions(detail, request.user, now=clock.now()),
+        approvals=services.pending_approvals(detail["run"], request.user),
+        four_eyes=services.four_eyes_labels(detail["workflow"]),
         version=run_version(detail["run"]),
         role=role_of(request.user).name.lower(),
         message=message,
@@ -169,6 +171,7 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
             expect=request.POST.get("version") or None,
             remote_ref=request.POST.get("remote_ref", ""),
             actor=request.user,
+            request_id=request.POST.get("request") or None,
         )
     except WorkflowRun.DoesNotExist:
         return _flash(request, f"no run {workflow_id}", status=404)

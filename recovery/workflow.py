@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,6 +185,10 @@ class StepSpec:
         }
 
 
+# The operator actions a workflow may put behind a second supervisor's approval.
+FOUR_EYES_ACTIONS = frozenset({"compensate", "terminate", "resolve_happened"})
+
+
 class Workflow:
     def __init__(
         self,
@@ -196,9 +200,15 @@ class Workflow:
         description: str = "",
         compensation: CompensationPolicy = CompensationPolicy.OPERATOR,
         redact_fields: tuple[str, ...] = (),
+        four_eyes: bool | Iterable[str] = False,
     ):
         """``redact_fields`` names this workflow's own sensitive keys, redacted wherever the
-        engine persists its data, on top of ``RECOVERY_REDACT_FIELDS`` (recovery.redaction)."""
+        engine persists its data, on top of ``RECOVERY_REDACT_FIELDS`` (recovery.redaction).
+
+        ``four_eyes``: the operator actions that need a second supervisor's approval before
+        they run (``FOUR_EYES_ACTIONS``: ``compensate``, ``terminate``, ``resolve_happened`` —
+        "mark succeeded"); ``True`` for all of them. One person requests, another approves
+        (recovery.transitions.approval_request / approval_grant)."""
         self.name = name
         self.version = version
         self._workflow_id = workflow_id
@@ -206,6 +216,11 @@ class Workflow:
         self.description = description
         self.compensation = CompensationPolicy(compensation)
         self.redact_fields = tuple(redact_fields)
+        chosen = FOUR_EYES_ACTIONS if four_eyes is True else frozenset(four_eyes or ())
+        if not chosen <= FOUR_EYES_ACTIONS:
+            unknown, known = (", ".join(sorted(names)) for names in (chosen - FOUR_EYES_ACTIONS, FOUR_EYES_ACTIONS))
+            raise ValueError(f"four_eyes: {unknown} cannot need approval (one of {known})")
+        self.four_eyes: frozenset[str] = frozenset(chosen)
         self.steps: list[StepSpec] = []
         register(self)
 

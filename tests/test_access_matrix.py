@@ -28,6 +28,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from recovery import services, tokens
 from recovery.models import (
     ApiToken,
+    ApprovalRequest,
     AuditEvent,
     LoginFailure,
     ModelDecision,
@@ -36,7 +37,7 @@ from recovery.models import (
     WorkflowRun,
 )
 from recovery.permissions import Role
-from recovery.transitions import run_start, run_version
+from recovery.transitions import approval_request, run_start, run_version
 from sandbox import faults
 from sandbox import services as sandbox_services
 from sandbox.models import Fault, IdempotencyRecord, LedgerEntry, Message, Task
@@ -89,7 +90,12 @@ class Row:
 def action_row(action: str, *, needs: str = "") -> Row:
     """A POST of ``action`` on a run in which it is valid (so the permitted POST changes it)."""
     permission = services.PERMISSION_OF[action]
-    run = {"": lambda w: w.failed, "unknown": lambda w: w.unknown, "late_failure": lambda w: w.late}[needs]
+    run = {
+        "": lambda w: w.failed,
+        "unknown": lambda w: w.unknown,
+        "late_failure": lambda w: w.late,
+        "approval": lambda w: w.guarded,
+    }[needs]
     step = {"retry": "create_task", "reconcile": "notify", "resolve_happened": "notify", "resolve_absent": "notify"}
     return Row(
         "console:run-action",
@@ -103,6 +109,7 @@ def action_row(action: str, *, needs: str = "") -> Row:
             "reason": "matrix",
             "version": run_version(run(w)),
             "remote_ref": w.remote_message if action == "resolve_happened" else "",
+            "request": w.request_id if needs == "approval" else "",
         },
         headers=lambda w: {"HX-Request": "true", "HX-Target": "run-body"},
         changes=True,
@@ -145,6 +152,8 @@ MATRIX: list[Row] = [
     action_row("reconcile", needs="unknown"),
     action_row("resolve_happened", needs="unknown"),
     action_row("resolve_absent", needs="unknown"),
+    action_row("approve", needs="approval"),  # another supervisor's request to terminate
+    action_row("reject", needs="approval"),
     Row(
         "console:bulk",
         "bulk resume",
@@ -325,6 +334,7 @@ def world_state() -> dict:
         "audit": AuditEvent.objects.count(),
         "outbox": list(OutboxMessage.objects.order_by("pk").values_list("pk", "state", "attempts")),
         "decisions": ModelDecision.objects.count(),
+        "approvals": list(ApprovalRequest.objects.order_by("pk").values_list("pk", "state", "decided_by")),
         "tokens": list(ApiToken.objects.order_by("pk").values_list("pk", "revoked_at", "last_used_at")),
         "users": list(get_user_model().objects.order_by("pk").values_list("pk", "username", "is_staff")),
         "memberships": list(get_user_model().groups.through.objects.order_by("pk").values_list("pk")),
@@ -348,6 +358,15 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
     if needs == "late_failure":  # the task and the message exist, the ledger refused: compensable
         receivers.arm("ledger", "forbidden")
         w.late = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "late"})[0], clock)
+    if needs == "approval":  # a four-eyes run, and another supervisor's request to terminate it
+        receivers.arm("task", "forbidden")
+        w.guarded = drive(run_start(workflow="test_guarded", data={"tenant": "t", "order_id": "4eyes"})[0], clock)
+        requester = get_user_model().objects.create_user("requester", password="pw")
+        requester.groups.add(Group.objects.get_or_create(name="supervisor")[0])
+        w.request_id = approval_request(
+            workflow_id=w.guarded.workflow_id, action="terminate", actor=requester, reason="matrix"
+        ).pk
+        w.guarded.refresh_from_db()
     if needs == "unknown":
         from tests.support.models import RemoteObject
 

@@ -5,6 +5,7 @@ from io import StringIO
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 
 from recovery.models import AuditEvent, RunState, WorkflowRun
@@ -70,8 +71,15 @@ def test_show_run_of_an_unknown_run_is_an_error():
         run_cmd("show_run", "order:x:y", "--json")
 
 
+def person(username: str, role: str | None = "supervisor"):
+    user = get_user_model().objects.create_user(username)
+    if role:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+    return user
+
+
 def test_recover_refuses_a_finished_run_and_unknown_users():
-    get_user_model().objects.create_user("olga")
+    person("olga")
     wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
     run_cmd("run_executor", "--until-idle")
     events = AuditEvent.objects.count()
@@ -86,7 +94,7 @@ def test_recover_refuses_a_finished_run_and_unknown_users():
 
 
 def test_recover_terminate_is_audited_with_the_operator():
-    get_user_model().objects.create_user("olga")
+    person("olga")
     wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
     assert run_cmd("recover", "terminate", wid, "--reason", "duplicate invoice", "--as", "olga").endswith("terminated")
     event = AuditEvent.objects.get(action="terminate")
@@ -96,3 +104,49 @@ def test_recover_terminate_is_audited_with_the_operator():
         {"run": "pending"},
         {"run": "terminated"},
     )
+
+
+def test_recover_checks_the_role_as_the_console_does():
+    person("vera", "viewer")
+    person("otto", "operator")
+    person("nora", None)
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    events = AuditEvent.objects.count()
+    for username, action in [("vera", "resume"), ("otto", "terminate"), ("nora", "resume"), ("otto", "compensate")]:
+        with pytest.raises(CommandError, match=f"{username}'s role may not {action} runs"):
+            run_cmd("recover", action, wid, "--reason", "x", "--as", username)
+    assert AuditEvent.objects.count() == events
+    assert WorkflowRun.objects.get().state == RunState.PENDING
+
+
+def test_approval_commands_request_list_and_approve_with_two_supervisors(clock):
+    from tests.support import receivers
+
+    person("alice")
+    person("bob")
+    person("otto", "operator")
+    receivers.arm("task", "forbidden")
+    wid = run_cmd("start_workflow", "test_guarded", "--input", json.dumps(EVENT))
+    run_cmd("run_executor", "--until-idle")
+    assert WorkflowRun.objects.get().state == RunState.FAILED
+    with pytest.raises(CommandError, match="needs a second supervisor's approval"):
+        run_cmd("recover", "terminate", wid, "--reason", "x", "--as", "alice")
+
+    made = run_cmd("approval", "request", "terminate", wid, "--reason", "duplicate", "--as", "alice")
+    request_id = made.split()[1].rstrip(":")
+    assert made == f"request {request_id}: terminate waits for a second supervisor's approval"
+    listed = run_cmd("approval", "list").split("\t")
+    assert listed[:4] == [request_id, "terminate", wid, "alice"] and listed[-1] == "duplicate"
+    with pytest.raises(CommandError, match="cannot approve your own request"):
+        run_cmd("approval", "approve", request_id, "--as", "alice")
+    with pytest.raises(CommandError, match="otto's role may not approve runs"):
+        run_cmd("approval", "approve", request_id, "--as", "otto")
+    with pytest.raises(CommandError, match="no approval request 'nope'"):
+        run_cmd("approval", "approve", "nope", "--as", "bob")
+    assert WorkflowRun.objects.get().state == RunState.FAILED
+
+    approved = run_cmd("approval", "approve", request_id, "--as", "bob")
+    assert approved == f"approved {request_id}: {wid} is now terminated"
+    assert run_cmd("approval", "list") == ""
+    actions = list(AuditEvent.objects.order_by("id").values_list("action", "actor"))[-3:]
+    assert actions == [("approval_request", "alice"), ("approval_grant", "bob"), ("terminate", "bob")]

@@ -263,3 +263,17 @@ def settle(ctx):
 @settle.lookup
 def _(ctx):
     return None
+
+
+# --- four-eyes: test_orders' steps, with compensate, terminate and "mark succeeded" behind a
+# second supervisor's approval ----------------------------------------------------------------
+
+guarded = Workflow(
+    "test_guarded",
+    version=1,
+    input_schema=Event,
+    workflow_id=lambda i: f"guarded:{i['tenant']}:{i['order_id']}",
+    description="engine test workflow with four-eyes actions",
+    four_eyes=True,
+)
+guarded.steps = list(orders.steps)

@@ -5,6 +5,7 @@ from recovery import transitions
 from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
+from recovery.permissions import can
 
 ACTIONS = ("resume", "reconcile", "retry", "compensate", "terminate")
 
@@ -23,6 +24,8 @@ class Command(RecoveryCommand):
         user = get_user_model().objects.filter(username=username, is_active=True).first()
         if user is None:
             raise CommandError(f"no active user {username!r}")
+        if not can(user, action):  # the console's rule (recovery.permissions), from the shell too
+            raise CommandError(f"{username}'s role may not {action} runs")
         try:
             if action == "resume":
                 transitions.run_resume(workflow_id=workflow_id, actor=user, reason=reason)
