@@ -18,6 +18,9 @@ it is) and replaces
   shorter than 8 characters are not looked for: they would mangle ordinary text) with
   ``[REDACTED:<SETTING>]``.
 
+A NUL character, which PostgreSQL cannot store, becomes U+FFFD (a remote system's error text
+may carry one; the console and the API refuse it in what people type).
+
 Invariants: deterministic (the same input and settings give the same output) and idempotent
 (``redact(redact(x)) == redact(x)``), so that a hash taken over redacted data is stable; the
 input is never modified, and is returned itself when nothing in it needed redacting. The
@@ -43,6 +46,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 MARKER = "[REDACTED]"
+NUL_REPLACEMENT = "\ufffd"  # what a NUL character (U+0000) is stored as
 
 DEFAULT_FIELDS: tuple[str, ...] = (
     "password",
@@ -87,6 +91,8 @@ class _Redactor:
     keys: dict[str, bool] = field(default_factory=dict, compare=False)  # key name -> sensitive
 
     def string(self, text: str) -> str:
+        if "\x00" in text:  # PostgreSQL stores no NUL in text or jsonb: a remote error could carry one
+            text = text.replace("\x00", NUL_REPLACEMENT)
         if self.regex is None or len(text) < self.min_length:
             return text
         return self.regex.sub(self._marker, text)

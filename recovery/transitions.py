@@ -538,6 +538,9 @@ def run_start(
     # hash are taken from that, so a secret is neither stored nor hashed.
     validated = wf.redact(wf.validate_input(data))
     workflow_id = wf.workflow_id(validated)
+    limit = WorkflowRun._meta.get_field("workflow_id").max_length
+    if not isinstance(workflow_id, str) or not 0 < len(workflow_id) <= limit:
+        raise ValueError(f"the workflow id must be 1 to {limit} characters (the event's keys make it)")
     input_hash = payload_hash(validated)
     now = now or clock.now()
     try:

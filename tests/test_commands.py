@@ -150,3 +150,10 @@ def test_approval_commands_request_list_and_approve_with_two_supervisors(clock):
     assert run_cmd("approval", "list") == ""
     actions = list(AuditEvent.objects.order_by("id").values_list("action", "actor"))[-3:]
     assert actions == [("approval_request", "alice"), ("approval_grant", "bob"), ("terminate", "bob")]
+
+
+def test_an_event_whose_workflow_id_is_too_long_starts_nothing():
+    event = {**EVENT, "order_id": "x" * 300}
+    with pytest.raises(CommandError, match="the workflow id must be 1 to 255 characters"):
+        run_cmd("start_workflow", "test_orders", "--input", json.dumps(event))
+    assert not WorkflowRun.objects.exists() and not AuditEvent.objects.exists()

@@ -444,3 +444,27 @@ def _run_everything(planted: dict[str, str], sam, clock, stub) -> dict[str, Work
     run.refresh_from_db()
     runs["refused"] = run
     return runs
+
+
+def test_a_nul_character_is_stored_as_a_replacement_character():
+    assert redact_text("bad\x00request") == "bad\ufffdrequest"
+    assert redact({"error": ["a\x00"]}) == {"error": ["a\ufffd"]}
+    assert redact_text(redact_text("x\x00y")) == "x\ufffdy"
+
+
+@pytest.mark.django_db
+def test_a_remote_error_with_a_nul_character_is_recorded_and_the_run_stops_as_its_kind_says(clock, monkeypatch):
+    """PostgreSQL cannot store NUL in text: unreplaced, every attempt to record this failure
+    would fail, and the run would stop as an executor error instead of a permanent one."""
+    from tests.support import workflows as test_workflows
+
+    def refuse(ctx):
+        raise PermanentError("tracker said: bad\x00request")
+
+    monkeypatch.setattr(test_workflows.create_task, "call", refuse)
+    run = drive(transitions.run_start(workflow="test_orders", data={"tenant": "t", "order_id": "nul"})[0], clock)
+
+    step = run.steps.get(step_name="create_task")
+    assert run.state == RunState.FAILED and "executor error" not in run.status_reason
+    assert step.last_error == "tracker said: bad\ufffdrequest"
+    assert run.audit_events.get(action="step_fail").reason == "tracker said: bad\ufffdrequest"
