@@ -1523,16 +1523,7 @@ def approval_request(
                 request.save()
         except IntegrityError:
             raise InvalidTransition(f"a request to {LABELS[action]} is already waiting for approval") from None
-        _audit(
-            run,
-            "approval_request",
-            actor=actor,
-            step_name=request.step_name,
-            reason=reason,
-            before=_snap(run),
-            after={**_snap(run), "approval": _approval_snap(request)},
-            now=now,
-        )
+        _approval_audit(run, request, "approval_request", actor=actor, reason=reason, now=now)
         return request
 
 
@@ -1572,25 +1563,12 @@ def approval_grant(
             raise InvalidTransition("you cannot approve your own request: another supervisor must")
         if expect is not None and expect != run_version(run):
             raise RunChanged(f"run {run.workflow_id} changed since you loaded it (it is now {run.state}); reload")
-        request.state = ApprovalState.APPROVED
-        request.decided_by = actor
-        request.decided_at = now
-        request.decision_reason = redact_text((reason or "").strip())
-        request.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
-        _audit(
-            run,
-            "approval_grant",
-            actor=actor,
-            step_name=request.step_name,
-            reason=request.decision_reason,
-            before=_snap(run),
-            after={
-                **_snap(run),
-                "approval": {**_approval_snap(request), "requested_by": request.requested_by.get_username()},
-            },
-            now=now,
+        _decide(request, ApprovalState.APPROVED, actor=actor, reason=reason, now=now)
+        requester = request.requested_by.get_username()
+        _approval_audit(
+            run, request, "approval_grant", actor=actor, reason=request.decision_reason, now=now, requested_by=requester
         )
-        who = f"requested by {request.requested_by.get_username()}, approved by {actor.get_username()}"
+        who = f"requested by {requester}, approved by {actor.get_username()}"
         why = f"{request.reason} ({who})"
         return _perform(request, actor=actor, reason=why, expect=None, now=now)
 
@@ -1606,22 +1584,41 @@ def approval_reject(
         run, request = _locked_request(request_id)
         if actor is None or (request.requested_by_id != actor.pk and not permissions.can(actor, "approve")):
             raise InvalidTransition("only a supervisor, or the requester, can turn a request down")
-        request.state = ApprovalState.REJECTED
-        request.decided_by = actor
-        request.decided_at = now
-        request.decision_reason = redact_text(reason)
-        request.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
-        _audit(
-            run,
-            "approval_reject",
-            actor=actor,
-            step_name=request.step_name,
-            reason=reason,
-            before=_snap(run),
-            after={**_snap(run), "approval": _approval_snap(request)},
-            now=now,
-        )
+        _decide(request, ApprovalState.REJECTED, actor=actor, reason=reason, now=now)
+        _approval_audit(run, request, "approval_reject", actor=actor, reason=reason, now=now)
         return request
+
+
+def _decide(request: ApprovalRequest, state: ApprovalState, *, actor: AbstractBaseUser, reason: str, now: datetime):
+    request.state = state
+    request.decided_by = actor
+    request.decided_at = now
+    request.decision_reason = redact_text((reason or "").strip())
+    request.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
+
+
+def _approval_audit(
+    run: WorkflowRun,
+    request: ApprovalRequest,
+    action: str,
+    *,
+    actor: AbstractBaseUser,
+    reason: str,
+    now: datetime,
+    **extra: Any,
+) -> None:
+    """The audit event of a step of four-eyes: the run does not change; the request does."""
+    approval = {**_approval_snap(request), **extra}
+    _audit(
+        run,
+        action,
+        actor=actor,
+        step_name=request.step_name,
+        reason=reason,
+        before=_snap(run),
+        after={**_snap(run), "approval": approval},
+        now=now,
+    )
 
 
 def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = None) -> StepExecution:
