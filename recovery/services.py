@@ -154,13 +154,12 @@ def available_actions(detail: dict[str, Any], user: AbstractBaseUser, *, now: da
             )
     if run.state in transitions.RUN_TRANSITIONS["terminate"][0] and can(user, "terminate"):
         actions.append(Action("terminate", "Terminate", confirm="Stop this run for good? Effects made stay made."))
-    return [_as_request(run, a) for a in actions]
+    four_eyes = workflow.four_eyes if workflow is not None else frozenset()
+    return [_as_request(a) if a.name in four_eyes else a for a in actions]
 
 
-def _as_request(run: WorkflowRun, action: Action) -> Action:
+def _as_request(action: Action) -> Action:
     """On a four-eyes workflow, the action's button asks for it instead."""
-    if action.name not in transitions.LABELS or not transitions.needs_approval(run, action.name):
-        return action
     return Action(
         action.name,
         f"Request: {action.label}",
@@ -177,10 +176,10 @@ def four_eyes_labels(workflow) -> list[str]:
     return [label for action, label in transitions.LABELS.items() if action in workflow.four_eyes]
 
 
-def pending_approvals(run: WorkflowRun, user: AbstractBaseUser) -> list[dict[str, Any]]:
+def pending_approvals(run: WorkflowRun, workflow, user: AbstractBaseUser) -> list[dict[str, Any]]:
     """The run's requests waiting for a second supervisor, with what this user may do (no
     query for a workflow without four-eyes actions)."""
-    if not any(transitions.needs_approval(run, action) for action in transitions.LABELS):
+    if workflow is None or not workflow.four_eyes:
         return []
     pending = run.approvals.filter(state="pending").select_related("requested_by").order_by("requested_at", "pk")
     return [

@@ -142,7 +142,7 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         raise Http404(f"no run {workflow_id}") from None
     detail.update(
         actions=services.available_actions(detail, request.user, now=clock.now()),
-        approvals=services.pending_approvals(detail["run"], request.user),
+        approvals=services.pending_approvals(detail["run"], detail["workflow"], request.user),
         four_eyes=services.four_eyes_labels(detail["workflow"]),
         version=run_version(detail["run"]),
         role=role_of(request.user).name.lower(),
