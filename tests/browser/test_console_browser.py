@@ -3,8 +3,6 @@ does at 3 a.m., end to end. Screenshots are saved under var/screenshots/ for a h
 
 import csv
 import io
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,45 +11,17 @@ from django.contrib.auth.models import Group
 
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from recovery.transitions import run_start
+from tests.browser.conftest import needs_chromium
 from tests.conftest import drive
 from tests.support import receivers, workflows
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium (apt-get install -y chromium)"),
+    needs_chromium,
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _allow_orm_beside_playwright():
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
-    # ordinary synchronous code all the same.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

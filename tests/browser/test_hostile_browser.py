@@ -4,9 +4,6 @@ without a single violation, and text planted in every field it shows (tests/supp
 is displayed as text and never runs — with the policy bypassed too, so that escaping alone is
 what is tested, not the policy hiding a hole."""
 
-import os
-import shutil
-
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -14,24 +11,14 @@ from django.contrib.auth.models import Group
 from recovery.models import AuditEvent, RunState, WorkflowRun
 from recovery.transitions import run_start
 from sandbox.models import Fault
+from tests.browser.conftest import needs_chromium
 from tests.conftest import drive
 from tests.support import hostile, receivers, workflows
-
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True, databases=["default", "sandbox"]),
-    pytest.mark.skipif(not shutil.which(CHROMIUM), reason="needs Debian's chromium (apt-get install -y chromium)"),
+    needs_chromium,
 ]
 
 # Every violation of the policy, and every sign that planted text ran, recorded from the first
@@ -42,23 +29,6 @@ document.addEventListener("securitypolicyviolation", (e) => {
   window.__csp.push(`${e.violatedDirective} ${e.blockedURI} ${e.sample || ""}`);
 });
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _allow_orm_beside_playwright():
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 class Watched:
