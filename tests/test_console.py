@@ -28,15 +28,15 @@ def login(role: str | None) -> Client:
     return client
 
 
-def failed_run(clock, order_id="o-1"):
+def failed_run(clock, order_id="o-1", *, workflow="test_orders"):
     receivers.arm("task", "forbidden")
-    return drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": order_id})[0], clock)
+    return drive(run_start(workflow=workflow, data={"tenant": "t", "order_id": order_id})[0], clock)
 
 
-def unknown_run(clock, monkeypatch, order_id="o-u"):
+def unknown_run(clock, monkeypatch, order_id="o-u", *, workflow="test_orders"):
     receivers.arm("message", "commit_then_drop")
     monkeypatch.setattr(workflows.notify, "lookup_fn", lambda ctx: (_ for _ in ()).throw(RuntimeError("down")))
-    return drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": order_id})[0], clock)
+    return drive(run_start(workflow=workflow, data={"tenant": "t", "order_id": order_id})[0], clock)
 
 
 def act(client, run, action, *, step="", reason="checked with the team", version=None, htmx=True, **extra):

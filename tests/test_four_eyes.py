@@ -29,6 +29,7 @@ from recovery.workflow import Workflow
 from tests.conftest import drive
 from tests.support import receivers, workflows
 from tests.support.models import RemoteObject
+from tests.test_console import failed_run, unknown_run
 
 pytestmark = pytest.mark.django_db
 
@@ -52,8 +53,7 @@ def people():
 
 def guarded_failed(clock, order_id="g-1") -> WorkflowRun:
     """Failed at create_task: nothing to compensate yet; terminable."""
-    receivers.arm("task", "forbidden")
-    return drive(run_start(workflow="test_guarded", data={"tenant": "t", "order_id": order_id})[0], clock)
+    return failed_run(clock, order_id, workflow="test_guarded")
 
 
 def guarded_late(clock) -> WorkflowRun:
@@ -63,9 +63,7 @@ def guarded_late(clock) -> WorkflowRun:
 
 
 def guarded_unknown(clock, monkeypatch) -> WorkflowRun:
-    receivers.arm("message", "commit_then_drop")
-    monkeypatch.setattr(workflows.notify, "lookup_fn", lambda ctx: (_ for _ in ()).throw(RuntimeError("down")))
-    return drive(run_start(workflow="test_guarded", data={"tenant": "t", "order_id": "unknown"})[0], clock)
+    return unknown_run(clock, monkeypatch, "unknown", workflow="test_guarded")
 
 
 def trail(run: WorkflowRun) -> list[tuple[str, str, str]]:

@@ -9,7 +9,6 @@ import re
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
@@ -17,10 +16,10 @@ from django.utils.html import escape
 from recovery.models import ApiToken, AuditEvent, StepExecution, WorkflowRun
 from recovery.selectors import RunFilters
 from recovery.tokens import issue_token
-from recovery.transitions import run_start, run_version
+from recovery.transitions import run_version
 from sandbox.models import Fault
-from tests.conftest import drive
-from tests.support import hostile, receivers, workflows
+from tests.support import hostile
+from tests.test_console import act, failed_run, login, unknown_run
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 
@@ -28,33 +27,6 @@ POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
 )
-
-
-def login(role: str, username: str | None = None) -> Client:
-    user = get_user_model().objects.create_user(username or f"u-{role}", password="pw")
-    user.groups.add(Group.objects.get_or_create(name=role)[0])
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def failed_run(clock, order_id="o-1"):
-    receivers.arm("task", "forbidden")
-    return drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": order_id})[0], clock)
-
-
-def unknown_run(clock, monkeypatch, order_id="o-u"):
-    receivers.arm("message", "commit_then_drop")
-    monkeypatch.setattr(workflows.notify, "lookup_fn", lambda ctx: (_ for _ in ()).throw(RuntimeError("down")))
-    run = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": order_id})[0], clock)
-    monkeypatch.undo()
-    return run
-
-
-def act(client, run, action, *, step="", reason="checked", htmx=True, **extra):
-    data = {"action": action, "step": step, "reason": reason, "version": run_version(run), **extra}
-    headers = {"HX-Request": "true", "HX-Target": "run-body"} if htmx else {}
-    return client.post(reverse("console:run-action", args=[run.workflow_id]), data, headers=headers)
 
 
 def written() -> tuple[int, int, int, list]:
@@ -261,6 +233,7 @@ def test_a_reason_over_2000_characters_is_refused_with_a_message_and_2000_are_ke
 
 def test_an_evidence_reference_longer_than_the_column_is_a_400_not_a_database_error(clock, monkeypatch):
     run = unknown_run(clock, monkeypatch)
+    monkeypatch.undo()
     operator = login("operator")
     before = written()
     response = act(operator, run, "resolve_happened", step="notify", remote_ref="m" * 256)
