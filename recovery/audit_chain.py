@@ -38,6 +38,8 @@ from typing import Any
 
 from django.db import connection as default_connection
 
+from .fields import canonical_json
+
 TABLE = "recovery_auditevent"
 RUN_TABLE = "recovery_workflowrun"
 
@@ -240,8 +242,6 @@ def exported_chains(lines: Iterable[str]) -> Iterator[list[Event]]:
 def _exported_value(row: dict[str, Any], column: str) -> str:
     value = row[column]
     if column in ("before", "after"):
-        from .fields import canonical_json
-
         return canonical_json(value)
     if not isinstance(value, str):
         raise TypeError(f"{column} is not a string")
