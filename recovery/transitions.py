@@ -540,7 +540,11 @@ def run_start(
     workflow_id = wf.workflow_id(validated)
     limit = WorkflowRun._meta.get_field("workflow_id").max_length
     if not isinstance(workflow_id, str) or not 0 < len(workflow_id) <= limit:
-        raise ValueError(f"the workflow id must be 1 to {limit} characters (the event's keys make it)")
+        length = len(workflow_id) if isinstance(workflow_id, str) else 0
+        raise ValueError(
+            f"the workflow id must be 1 to {limit} characters (the event's keys make it); this one has "
+            f"{length:,} (at most {limit})"
+        )
     input_hash = payload_hash(validated)
     now = now or clock.now()
     try:
