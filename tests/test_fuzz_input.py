@@ -21,7 +21,7 @@ from django.contrib.auth.models import Group
 from django.db import transaction
 from django.test import Client
 from django.urls import reverse
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from recovery.api import MAX_BODY_BYTES
@@ -346,6 +346,12 @@ def test_the_ingestion_api_never_fails_with_a_5xx_and_a_refusal_writes_nothing()
         headers = {}
         if auth != "none":
             headers["Authorization"] = f"Bearer {token if auth == 'invoice' else orders if auth == 'orders' else auth}"
+        # A declared length within the limit but longer than the body is a client still sending:
+        # a server waits for the rest (and times out). Django's test client cannot stand for
+        # that (it asserts instead of returning a short read), so such a lie is not sent; one
+        # over the limit (refused before the body is read) and one shorter than the body are.
+        lie = content_length is not None and content_length.isdigit()
+        assume(not (lie and len(body) < int(content_length) <= MAX_BODY_BYTES))
         extra = {"CONTENT_LENGTH": content_length} if content_length is not None else {}
         url = "/api/events/" + quote(workflow, safe="")
         with rolled_back():
