@@ -12,7 +12,20 @@ for its time), and checks the invariants:
   reference;
 - the run ends completed or in an explicit review / failed / compensated state with its reason,
   never silently, and a finished run stays finished; a rate limit that lifts ends completed, and
-  no case ends in an executor error (an engine or workflow bug).
+  no case ends in an executor error (an engine or workflow bug);
+- no executor takes a run over while another's call is in flight and its heartbeat beats.
+
+For every step with an external effect (the outbox publisher included) it also arms the faults
+of receivers that answer late or not at all, built from how they fail in production rather than
+from what the engine handles:
+
+- a late commit: the caller gives up (unknown outcome) and the receiver commits the request
+  later, below or exactly at the step's in-flight bound; beyond the bound, a receiver that keeps
+  its bound abandons the request (the engine must then perform the step again: once, not never);
+- a crash while the call is in flight, its request committing late, then a takeover;
+- a call that outlives its lease (its heartbeat could not reach the database) while another
+  executor takes the run over, and a slow call or look-up under a working heartbeat;
+- a look-up that fails before it answers.
 
 A workflow author gets it in one line, in any test module (pytest-django)::
 
@@ -30,7 +43,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -53,6 +66,20 @@ FAULTS = (
     "transient_until_exhausted",  # 5xx on every attempt until the step's budget runs out
 )
 MODEL_FAULT = "invalid_model_output"  # model steps only: schema-invalid output every time
+# Steps with an external effect (and a call the engine makes): receivers that answer late or never.
+LATE_COMMIT = "late_commit"  # boundary below / at / beyond the in-flight bound
+LATE_BOUNDARIES = ("below", "at", "beyond")
+IN_FLIGHT_FAULTS = (
+    "crash_in_flight",  # the worker dies while its request is in flight; the request commits late
+    "outlives_lease",  # no heartbeat reaches the database: the lease expires mid-call, a rival takes over
+    "slow_call",  # a call longer than the lease under a working heartbeat: nobody may take over
+)
+LOOKUP_FAULTS = (
+    "lookup_fails",  # the answer is lost, then the first look-up fails (503) before it answers
+    "lookup_slow",  # the answer is lost, then the look-up outlasts the lease (the heartbeat beats)
+)
+# How long the receiver takes to commit a late request when the step has no bound (None).
+UNBOUNDED_LATE_SECONDS = 3600.0
 SETTLED = frozenset(
     {
         RunState.COMPLETED,
@@ -80,6 +107,11 @@ class MatrixViolation(AssertionError):
     """An invariant failed in one case of the matrix; the message names the case."""
 
 
+def has_remote_effect(spec: StepSpec) -> bool:
+    """A step whose call writes to another system: not safe to re-run, not a model call, not local."""
+    return spec.rerun != Rerun.YES and not spec.is_decision and not spec.local
+
+
 def cases(workflow: Workflow) -> list[Case]:
     """Every step × every boundary (crash) and every fault kind that applies to it."""
     out: list[Case] = []
@@ -88,6 +120,11 @@ def cases(workflow: Workflow) -> list[Case]:
         out += [Case(spec.name, fault) for fault in FAULTS]
         if spec.is_decision:
             out.append(Case(spec.name, MODEL_FAULT))
+        if has_remote_effect(spec):
+            out += [Case(spec.name, LATE_COMMIT, where) for where in LATE_BOUNDARIES]
+            out += [Case(spec.name, fault) for fault in IN_FLIGHT_FAULTS]
+            if spec.lookup_fn is not None:
+                out += [Case(spec.name, fault) for fault in LOOKUP_FAULTS]
     return out
 
 
@@ -117,12 +154,84 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
         setattr(obj, name, old)
 
 
+@dataclass
+class Receivers:
+    """The world outside the engine during one case, on the engine's clock: requests that a
+    receiver commits after its caller gave up, and rival executors that try to take a run over
+    while a call is in flight."""
+
+    clock: MovableClock
+    run_pk: int | None = None
+    late: list[tuple[datetime, Callable[[], Any]]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def commit_later(self, delay: timedelta, perform: Callable[[], Any]) -> None:
+        self.late.append((self.clock.now() + delay, perform))
+
+    def settle(self, *, everything: bool = False) -> None:
+        """Commit each late request whose time has come (with ``everything``, all of them: the
+        receiver finishes its work whatever the caller does meanwhile)."""
+        now = self.clock.now()
+        due = [item for item in self.late if everything or item[0] <= now]
+        self.late = [item for item in self.late if item not in due]
+        for _, perform in due:
+            try:
+                perform()
+            except Exception:  # noqa: BLE001 - what the receiver answers, nobody hears any more
+                pass
+
+    def outlast_lease(self, what: str, *, heartbeat: bool) -> None:
+        """The call in flight lasts well past the lease: the clock moves on (the heartbeat, if
+        it reaches the database, beats as it would meanwhile), then a rival executor and a rival
+        publisher try to take the work over. With a working heartbeat, neither may."""
+        generations = self._generations()
+        for _ in range(7):  # 7/3 of a lease
+            self.clock.advance(settings.RECOVERY_LEASE_SECONDS / 3)
+            if heartbeat:
+                _beat()
+        if self.run_pk is not None:
+            advance(self.run_pk, owner="rival-executor")
+        publish_due(owner="rival-publisher")
+        if heartbeat and self._generations() != generations:
+            self.problems.append(f"another executor took over while {what} was in flight under a working heartbeat")
+
+    def _generations(self) -> tuple:
+        run = WorkflowRun.objects.filter(pk=self.run_pk).values_list("lease_generation", flat=True).first()
+        claims = OutboxMessage.objects.filter(run_id=self.run_pk).values_list("claim_generation", flat=True)
+        return (run, tuple(claims))
+
+
+def _beat() -> None:
+    try:
+        from . import heartbeat
+    except ImportError:  # an engine without a heartbeat
+        return
+    heartbeat.beat()
+
+
+def _bound(spec: StepSpec) -> timedelta | None:
+    bound = getattr(spec, "in_flight_bound", None)
+    return bound() if bound is not None else timedelta(seconds=60)
+
+
+def _late_delay(spec: StepSpec, where: str) -> timedelta | None:
+    """When the receiver commits a late request: half the bound, exactly at it, or (beyond it)
+    never, as a receiver that keeps its declared bound abandons the request. A step without a
+    bound waits for a commit that may come at any time."""
+    bound = _bound(spec)
+    if bound is None:
+        return timedelta(seconds=UNBOUNDED_LATE_SECONDS)
+    return {"below": bound / 2, "at": bound, "beyond": None}[where]
+
+
 @contextmanager
-def inject(spec: StepSpec, fault: str) -> Iterator[None]:
-    """Wrap the step's real call with the fault. The receiver is real: "commit then drop"
-    lets the call commit, then loses its answer."""
-    real = spec.call
-    calls = itertools.count(1)
+def inject(spec: StepSpec, fault: str, boundary: str = "", *, receivers: Receivers | None = None) -> Iterator[None]:
+    """Wrap the step's real call (and its look-up) with the fault. The receiver is real:
+    "commit then drop" lets the call commit, then loses its answer; a late commit makes the
+    real call later, on the engine's clock (``receivers``)."""
+    real, real_lookup = spec.call, spec.lookup_fn
+    calls, lookups = itertools.count(1), itertools.count(1)
+    world = receivers or Receivers(clock=MovableClock())
 
     def faulty(ctx):
         n = next(calls)
@@ -137,9 +246,29 @@ def inject(spec: StepSpec, fault: str) -> Iterator[None]:
             raise TransientError(f"{spec.name}: 503 (injected)")
         if fault == MODEL_FAULT:
             return '{"not": "the schema"}'
+        if fault in (LATE_COMMIT, "crash_in_flight") and n == 1:
+            delay = _late_delay(spec, boundary or "below")
+            if delay is not None:
+                world.commit_later(delay, lambda: real(ctx))
+            if fault == "crash_in_flight":
+                raise failpoints.FailpointRaised(f"{spec.name}: the worker died with its request in flight (injected)")
+            raise UnknownOutcome(f"{spec.name}: timed out; the receiver is still working on the request (injected)")
+        if fault in ("outlives_lease", "slow_call") and n == 1:
+            world.outlast_lease(f"{spec.name}'s call", heartbeat=fault == "slow_call")
+        if fault in LOOKUP_FAULTS and n == 1:
+            real(ctx)
+            raise UnknownOutcome(f"{spec.name}: the answer was lost after the receiver committed (injected)")
         return real(ctx)
 
-    with _patched(spec, "call", faulty):
+    def faulty_lookup(ctx):
+        n = next(lookups)
+        if fault == "lookup_fails" and n == 1:
+            raise TransientError(f"{spec.name}: look-up answered 503 (injected)")
+        if fault == "lookup_slow" and n == 1:
+            world.outlast_lease(f"{spec.name}'s look-up", heartbeat=True)
+        return real_lookup(ctx)
+
+    with _patched(spec, "call", faulty), _patched(spec, "lookup_fn", faulty_lookup if real_lookup else None):
         yield
 
 
@@ -150,13 +279,22 @@ def drive(
     max_rounds: int = 200,
     owner: str = "fault-matrix",
     must_settle: bool = False,
+    receivers: Receivers | None = None,
 ) -> WorkflowRun:
     """Advance the run and publish its outbox the way production would, moving the clock to
     each retry time and past each crashed worker's lease, until the run settles (with
-    ``must_settle``, an AssertionError if it does not within ``max_rounds``)."""
+    ``must_settle``, an AssertionError if it does not within ``max_rounds``). With
+    ``receivers``, late requests commit as the clock reaches their time; a worker that dies
+    (an injected crash) leaves its lease to expire, as a real one would."""
     for _ in range(max_rounds):
-        advance(run.pk, owner=owner)
-        publish_due(owner=owner)
+        if receivers is not None:
+            receivers.settle()
+        try:
+            advance(run.pk, owner=owner)
+            publish_due(owner=owner)
+        except failpoints.FailpointRaised:
+            if receivers is None:
+                raise
         run.refresh_from_db()
         if run.lease_owner:
             clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
@@ -196,8 +334,12 @@ def run_case(
         clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
         run = drive(run, clock)
     else:
-        with inject(spec, case.fault):
-            run = drive(run, clock)
+        receivers = Receivers(clock=clock, run_pk=run.pk)
+        with inject(spec, case.fault, case.boundary, receivers=receivers):
+            run = drive(run, clock, receivers=receivers)
+        receivers.settle(everything=True)  # late requests land whatever the run did meanwhile
+        if receivers.problems:
+            raise MatrixViolation(f"[{workflow.name} {case.id}] " + "; ".join(receivers.problems))
     check(workflow, run, effects=effects, case=case, clock=clock)
     return run
 
@@ -299,4 +441,15 @@ def fault_matrix(
     return test_fault_matrix
 
 
-__all__ = ["Case", "MatrixViolation", "MovableClock", "cases", "check", "drive", "fault_matrix", "inject", "run_case"]
+__all__ = [
+    "Case",
+    "MatrixViolation",
+    "MovableClock",
+    "Receivers",
+    "cases",
+    "check",
+    "drive",
+    "fault_matrix",
+    "inject",
+    "run_case",
+]
