@@ -166,27 +166,48 @@ class Service(models.TextChoices):
 
 
 class Operation(models.TextChoices):
-    CREATE = "create"
-    CANCEL = "cancel"
-    SEND = "send"
-    POST = "post"
+    CREATE = "create"  # tasks: POST /tasks/
+    CANCEL = "cancel"  # tasks: POST /tasks/<id>/cancel (the compensation)
+    SEND = "send"  # messages: POST /messages/
+    POST = "post"  # ledger: POST /ledger/entries/
+    FIND = "find"  # every service: the GET look-up (by idempotency key, client_ref, reference)
+    CORRECT = "correct"  # messages: POST /messages/<id>/corrections (the compensation)
+    REVERSE = "reverse"  # ledger: POST /ledger/entries/<id>/reverse (the compensation)
 
 
-# The faultable (service, operation) pairs. Lookups, corrections and reversals are not faultable.
+# The faultable (service, operation) pairs: every operation of every service, writes, look-ups and
+# compensations alike, so that each unknown-outcome path (including a reconciling look-up that
+# itself times out) can be reproduced.
 FAULTABLE = {
-    Service.TASKS: (Operation.CREATE, Operation.CANCEL),
-    Service.MESSAGES: (Operation.SEND,),
-    Service.LEDGER: (Operation.POST,),
+    Service.TASKS: (Operation.CREATE, Operation.CANCEL, Operation.FIND),
+    Service.MESSAGES: (Operation.SEND, Operation.FIND, Operation.CORRECT),
+    Service.LEDGER: (Operation.POST, Operation.FIND, Operation.REVERSE),
 }
 
 
 class FaultMode(models.TextChoices):
+    """What a scripted fault does to one call (``sandbox.services.run_faultable``).
+
+    The three modes that answer late differ in *when* the request commits:
+
+    - ``commit_then_drop`` commits at once, then holds the answer past the caller's read timeout:
+      the answer is lost, the effect is there the moment the caller gives up;
+    - ``late_commit`` waits first and only then performs the request, which commits after the
+      caller gave up (a receiver that finishes a queued or slow request late: the commonest
+      unknown outcome in production); a look-up right after the timeout finds nothing yet;
+    - ``slow`` waits ``delay_ms``, then performs and answers. Below the caller's read timeout that
+      is a slow success; above it, it is a late commit too (the caller gives up, the write lands).
+
+    On a look-up (GET) nothing is written: ``commit_then_drop`` and ``late_commit`` mean the
+    answer comes after the caller's timeout (it is dropped), ``slow`` a late answer."""
+
     FAIL_BEFORE_COMMIT = "fail_before_commit"  # 500, nothing written
-    COMMIT_THEN_DROP = "commit_then_drop"  # written and committed, the answer comes too late
+    COMMIT_THEN_DROP = "commit_then_drop"  # written and committed at once, the answer comes too late
+    LATE_COMMIT = "late_commit"  # waits past the caller's timeout, then writes and commits
     RATE_LIMIT = "rate_limit"  # 429 with Retry-After, nothing written
     FORBIDDEN = "forbidden"  # 403, nothing written
     UNAVAILABLE = "unavailable"  # 503, nothing written
-    SLOW = "slow"  # sleeps, then proceeds normally
+    SLOW = "slow"  # sleeps delay_ms, then proceeds normally (past the timeout: a late commit)
 
 
 class Fault(models.Model):

@@ -2,7 +2,8 @@
 (status, JSON body, headers) that the views send as is.
 
 Every write runs in ``transaction.atomic(using="sandbox")`` and has committed when the function
-returns, so a fault that "drops" the response after the write really leaves it committed.
+returns, so a fault that "drops" the response after the write really leaves it committed, and
+one that delays the write (``late_commit``) really commits only after its wait.
 Uniqueness (idempotency keys, ledger references, one reversal per entry) is enforced by the
 database: insert, catch IntegrityError, then read what is there; never check-then-insert.
 """
@@ -51,9 +52,11 @@ def results(items) -> Reply:
 # --- Faults ----------------------------------------------------------------------------
 
 
-def drop_delay_seconds(delay_ms: int) -> float:
-    """How long ``commit_then_drop`` holds its answer: ``delay_ms``, or by default one second past
-    the adapters' read timeout, so that the caller gives up before the answer comes."""
+def past_timeout_seconds(delay_ms: int) -> float:
+    """How long ``commit_then_drop`` holds its answer and ``late_commit`` holds the request:
+    ``delay_ms``, or by default (0) one second past the adapters' read timeout
+    (``settings.RECOVERY_HTTP_TIMEOUT``), so that the caller gives up before the answer comes
+    (commit_then_drop) or before the write happens (late_commit)."""
     if delay_ms:
         return delay_ms / 1000
     return float(settings.RECOVERY_HTTP_TIMEOUT) + 1
@@ -63,8 +66,18 @@ def run_faultable(service: str, operation: str, perform: Callable[[], Reply]) ->
     """Call ``perform`` under the next scripted fault for (service, operation), if any.
 
     Invariant: the refusing modes (fail_before_commit, rate_limit, forbidden, unavailable) never
-    call ``perform``, so nothing is written; commit_then_drop calls it (it commits) and only then
-    waits; slow waits, then performs normally."""
+    call ``perform``, so nothing is written. The others call it exactly once and differ in when:
+
+    - commit_then_drop performs at once (it has committed when ``perform`` returns), then waits
+      past the caller's timeout: the effect exists, the answer is lost;
+    - late_commit waits past the caller's timeout first, then performs (it commits late, after
+      the caller gave up) and answers to nobody;
+    - slow waits ``delay_ms``, then performs and answers; a delay below the caller's timeout is a
+      slow success, above it a late commit like late_commit's.
+
+    For a look-up (``perform`` reads, writes nothing) the same modes mean: refused (500, 429,
+    403, 503), the answer comes after the caller's timeout (commit_then_drop, late_commit: a
+    dropped answer), or late (slow)."""
     fault = consume_fault(service, operation)
     if fault is None:
         return perform()
@@ -83,8 +96,11 @@ def run_faultable(service: str, operation: str, perform: Callable[[], Reply]) ->
             return perform()
         case FaultMode.COMMIT_THEN_DROP:
             reply = perform()  # committed before it returns
-            time.sleep(drop_delay_seconds(fault.delay_ms))
+            time.sleep(past_timeout_seconds(fault.delay_ms))
             return reply
+        case FaultMode.LATE_COMMIT:
+            time.sleep(past_timeout_seconds(fault.delay_ms))  # the caller gives up meanwhile
+            return perform()  # commits now, after the caller gave up
     raise AssertionError(f"unhandled fault mode {fault.mode!r}")
 
 

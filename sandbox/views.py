@@ -3,7 +3,9 @@ the adapters call over real HTTP, and like those they ask the caller for its own
 (``Authorization: Bearer <SANDBOX_API_KEY>``), not for a console session: no cookies, no CSRF.
 Without the key a request is refused with 401 and changes nothing (an outsider could otherwise
 create the task a run's predictable idempotency key will find, or forge ledger entries).
-Views only parse and validate the request; what happens is in ``sandbox/services.py``."""
+Views only parse and validate the request; what happens is in ``sandbox/services.py``. Every
+operation, look-ups (GET) and compensations (cancel, correction, reversal) included, runs under
+``services.run_faultable``: a malformed request is a 400 before any fault is consumed."""
 
 from __future__ import annotations
 
@@ -120,7 +122,8 @@ def currency_field(body: dict) -> str:
 @json_endpoint("GET", "POST")
 def tasks(request: HttpRequest) -> Reply:
     if request.method == "GET":
-        return services.find_tasks(idempotency_key=request.GET.get("idempotency_key"))
+        key = request.GET.get("idempotency_key")
+        return services.run_faultable("tasks", "find", lambda: services.find_tasks(idempotency_key=key))
     key = request.headers.get("Idempotency-Key", "").strip()
     if not key:
         raise BadRequest("missing Idempotency-Key header")
@@ -152,7 +155,8 @@ def task_cancel(request: HttpRequest, task_id: str) -> Reply:
 @json_endpoint("GET", "POST")
 def messages(request: HttpRequest) -> Reply:
     if request.method == "GET":
-        return services.find_messages(client_ref=request.GET.get("client_ref"))
+        ref = request.GET.get("client_ref")
+        return services.run_faultable("messages", "find", lambda: services.find_messages(client_ref=ref))
     body = body_object(request)  # an Idempotency-Key header, if any, is ignored
     to, text, client_ref = required_str(body, "to"), required_str(body, "text"), optional_str(body, "client_ref")
     return services.run_faultable(
@@ -164,7 +168,9 @@ def messages(request: HttpRequest) -> Reply:
 def message_corrections(request: HttpRequest, message_id: str) -> Reply:
     body = body_object(request)
     text, client_ref = required_str(body, "text"), optional_str(body, "client_ref")
-    return services.correct_message(message_id, text=text, client_ref=client_ref)
+    return services.run_faultable(
+        "messages", "correct", lambda: services.correct_message(message_id, text=text, client_ref=client_ref)
+    )
 
 
 # --- Ledger ----------------------------------------------------------------------------
@@ -173,7 +179,8 @@ def message_corrections(request: HttpRequest, message_id: str) -> Reply:
 @json_endpoint("GET", "POST")
 def ledger_entries(request: HttpRequest) -> Reply:
     if request.method == "GET":
-        return services.find_entries(reference=request.GET.get("reference"))
+        reference = request.GET.get("reference")
+        return services.run_faultable("ledger", "find", lambda: services.find_entries(reference=reference))
     body = body_object(request)
     fields = {
         "reference": required_str(body, "reference"),
@@ -189,4 +196,6 @@ def ledger_entries(request: HttpRequest) -> Reply:
 def ledger_reverse(request: HttpRequest, entry_id: str) -> Reply:
     body = body_object(request)
     reference, memo = required_str(body, "reference"), optional_str(body, "memo")
-    return services.reverse_entry(entry_id, reference=reference, memo=memo)
+    return services.run_faultable(
+        "ledger", "reverse", lambda: services.reverse_entry(entry_id, reference=reference, memo=memo)
+    )

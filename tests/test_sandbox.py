@@ -18,7 +18,7 @@ from django.test import Client
 
 from sandbox import faults, services
 from sandbox.models import Fault, LedgerEntry, Message, Task
-from sandbox.services import drop_delay_seconds
+from sandbox.services import past_timeout_seconds
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 
@@ -283,10 +283,10 @@ def test_commit_then_drop_commits_before_it_answers_late(api, monkeypatch):
     assert seen_while_waiting == [(0.05, 1)]  # committed (visible) before the wait began
 
 
-def test_commit_then_drop_waits_past_the_read_timeout_by_default(settings):
+def test_commit_then_drop_and_late_commit_wait_past_the_read_timeout_by_default(settings):
     settings.RECOVERY_HTTP_TIMEOUT = 1.0
-    assert drop_delay_seconds(0) == 2.0
-    assert drop_delay_seconds(250) == 0.25
+    assert past_timeout_seconds(0) == 2.0
+    assert past_timeout_seconds(250) == 0.25
 
 
 def test_rate_limit_answers_429_with_retry_after_and_writes_nothing(api):
@@ -335,7 +335,7 @@ def test_faults_for_one_operation_are_consumed_oldest_first_and_leave_others_alo
     assert [send(api).status_code for _ in range(3)] == [403, 503, 201]
 
 
-def test_lookups_corrections_and_reversals_are_not_faultable(api):
+def test_a_fault_armed_on_a_write_leaves_lookups_corrections_and_reversals_alone(api):
     message = send(api).json()
     entry = post_entry(api).json()
     for service, operation in [("messages", "send"), ("ledger", "post"), ("tasks", "create")]:
@@ -374,6 +374,11 @@ def test_concurrent_callers_consume_each_unit_of_a_fault_exactly_once():
     [
         (("jira", "create", "slow"), {}, "unknown service 'jira'"),
         (("ledger", "create", "slow"), {}, "unknown operation 'create' for ledger"),
+        (
+            ("messages", "reverse", "late_commit"),
+            {},
+            r"unknown operation 'reverse' for messages \(expected one of: send, find, correct\)",
+        ),
         (("tasks", "create", "explode"), {}, "unknown mode 'explode'"),
         (("tasks", "create", "slow"), {"times": 0}, "times must be"),
         (("tasks", "create", "rate_limit"), {"retry_after": -1}, "retry_after must be"),
@@ -435,6 +440,7 @@ def test_the_command_arms_a_fault_counts_and_clears(api):
         (["fault", "tasks", "create", "bogus"], "unknown mode 'bogus'"),
         (["fault", "crm", "create", "slow"], "unknown service 'crm'"),
         (["fault", "messages", "cancel", "slow"], "unknown operation 'cancel'"),
+        (["fault", "tasks", "reverse", "late_commit"], "unknown operation 'reverse' for tasks"),
         (["fault", "tasks", "create", "slow", "--times", "-1"], "times must be"),
         (["fault", "tasks", "create", "slow", "--times", "x"], "invalid int value"),
         (["fault", "tasks", "create"], "required"),

@@ -22,13 +22,22 @@ class Command(RecoveryCommand):
         )
         fault = actions.add_parser("fault", help="arm a fault for the next calls of SERVICE OPERATION")
         fault.add_argument("service", help="tasks | messages | ledger")
-        fault.add_argument("operation", help="tasks: create|cancel; messages: send; ledger: post")
         fault.add_argument(
-            "mode", help="fail_before_commit | commit_then_drop | rate_limit | forbidden | unavailable | slow"
+            "operation", help="tasks: create|cancel|find; messages: send|find|correct; ledger: post|find|reverse"
+        )
+        fault.add_argument(
+            "mode",
+            help="fail_before_commit | commit_then_drop (commits, loses the answer) | late_commit (commits after "
+            "the caller gave up) | rate_limit | forbidden | unavailable | slow",
         )
         fault.add_argument("--times", type=int, default=1, help="how many calls it hits (default 1)")
         fault.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds for rate_limit")
-        fault.add_argument("--delay-ms", type=int, default=0, help="delay for slow and commit_then_drop")
+        fault.add_argument(
+            "--delay-ms",
+            type=int,
+            default=0,
+            help="delay for slow, commit_then_drop and late_commit (the last two: 0 = read timeout + 1 s)",
+        )
         actions.add_parser("clear", help="remove every fault, task, message and ledger entry")
         counts = actions.add_parser("counts", help="what the simulated systems hold")
         counts.add_argument("--json", action="store_true", help="print a JSON object")
@@ -56,8 +65,9 @@ class Command(RecoveryCommand):
         detail = {
             "rate_limit": f", Retry-After {fault.retry_after}s",
             "slow": f", delay {fault.delay_ms} ms",
-            "commit_then_drop": f", delay {fault.delay_ms} ms" if fault.delay_ms else ", delay: read timeout + 1 s",
         }.get(fault.mode, "")
+        if fault.mode in ("commit_then_drop", "late_commit"):
+            detail = f", delay {fault.delay_ms} ms" if fault.delay_ms else ", delay: read timeout + 1 s"
         self.stdout.write(
             f"armed: {fault.service} {fault.operation} {fault.mode} for the next {fault.remaining} call(s){detail}"
         )
