@@ -148,6 +148,17 @@ RECOVERY_EXECUTOR = env("RECOVERY_EXECUTOR", "embedded")
 if RECOVERY_EXECUTOR not in {"embedded", "celery"}:
     raise ImproperlyConfigured("RECOVERY_EXECUTOR must be 'embedded' or 'celery'")
 RECOVERY_LEASE_SECONDS = float(env("RECOVERY_LEASE_SECONDS", "30"))
+# The executor renews its lease this often while a call is in flight (the heartbeat); at most a
+# third of the lease, so that two missed beats still leave the lease standing.
+RECOVERY_HEARTBEAT_SECONDS = float(env("RECOVERY_HEARTBEAT_SECONDS", str(RECOVERY_LEASE_SECONDS / 3)))
+if not 0 < RECOVERY_HEARTBEAT_SECONDS <= RECOVERY_LEASE_SECONDS / 2:
+    raise ImproperlyConfigured("RECOVERY_HEARTBEAT_SECONDS must be > 0 and at most half of RECOVERY_LEASE_SECONDS")
+# The default in-flight bound of a step that declares none is its call's timeout plus this: how
+# long a receiver may still commit a request after its caller gave up (README "Unknown outcomes
+# and the in-flight window"). A look-up that finds nothing proves absence only after it.
+RECOVERY_SETTLE_SECONDS = float(env("RECOVERY_SETTLE_SECONDS", "60"))
+if RECOVERY_SETTLE_SECONDS < 0:
+    raise ImproperlyConfigured("RECOVERY_SETTLE_SECONDS must be ≥ 0")
 # A queued task for a run (or an outbox message) is not sent again by the sweeper until it is
 # this old without a worker having taken it: a backlog is not multiplied, a lost message is
 # re-sent (celery only).
@@ -169,7 +180,8 @@ if MODEL_PROVIDER not in {"rules", "openai"}:
 OPENAI_BASE_URL = env("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip("/")
 OPENAI_API_KEY = env("OPENAI_API_KEY", "")
 OPENAI_MODEL = env("OPENAI_MODEL", "gpt-4o-mini")
-OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "30"))
+# Shorter than RECOVERY_LEASE_SECONDS (manage.py check says so otherwise).
+OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "20"))
 
 # --- Redaction (recovery/redaction.py) ----------------------------------------------------
 # Checkpoints, audit events, exports and logs never hold a credential. Unset, these take the

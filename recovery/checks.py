@@ -1,8 +1,9 @@
 """System checks: ``manage.py check`` fails for a workflow whose recovery contract has holes."""
 
+from django.conf import settings
 from django.core import checks
 
-from .workflow import Reconcile, Rerun, all_workflows
+from .workflow import Reconcile, Rerun, StepSpec, all_workflows
 
 
 @checks.register()
@@ -52,4 +53,38 @@ def check_recovery_contracts(app_configs=None, **kwargs) -> list[checks.CheckMes
                         id="recovery.E006",
                     )
                 )
+            errors += _check_timing(where, spec)
+    return errors
+
+
+def _check_timing(where: str, spec: StepSpec) -> list[checks.CheckMessage]:
+    """A call must end inside its executor's lease even if one heartbeat is missed, and its
+    in-flight bound cannot be shorter than the time the caller itself waits."""
+    errors: list[checks.CheckMessage] = []
+    timeout = spec.call_timeout()
+    lease, beat = settings.RECOVERY_LEASE_SECONDS, settings.RECOVERY_HEARTBEAT_SECONDS
+    if spec.local:
+        return errors
+    if timeout + beat > lease:
+        errors.append(
+            checks.Error(
+                f"{where}: its call may take {timeout:g} s (its timeout) and the heartbeat renews the lease every "
+                f"{beat:g} s: {timeout:g} + {beat:g} = {timeout + beat:g} s does not fit the lease of {lease:g} s "
+                "(RECOVERY_LEASE_SECONDS)",
+                hint="shorten the call's timeout (timeout=…, RECOVERY_HTTP_TIMEOUT, OPENAI_TIMEOUT) or lengthen "
+                "RECOVERY_LEASE_SECONDS: a call must end before a lease whose renewal failed runs out",
+                id="recovery.E007",
+            )
+        )
+    bound = spec.in_flight_bound()
+    if bound is not None and not spec.is_decision and spec.rerun != Rerun.YES and bound.total_seconds() < timeout:
+        errors.append(
+            checks.Error(
+                f"{where}: its in-flight bound ({bound.total_seconds():g} s) is shorter than its call's timeout "
+                f"({timeout:g} s): the receiver may commit a request while the caller is still waiting for it",
+                hint="declare settle= at least the timeout plus how long the receiver may go on working on a "
+                "request its caller gave up (or settle=None: an operator reconciles)",
+                id="recovery.E008",
+            )
+        )
     return errors

@@ -91,3 +91,9 @@ class LeaseLost(EngineError):
 
 class StartConflict(EngineError):
     """A run with this workflow id exists with a different input."""
+
+
+class DatabaseUnavailable(EngineError):
+    """The engine's database could not be reached (a restart, a failover, a dropped
+    connection). Infrastructure, not a fault of the workflow: the executor lets go of the run
+    and tries again later; the run is never sent to review for it."""

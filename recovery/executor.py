@@ -9,6 +9,7 @@ The same ``advance`` runs in-process (``run_executor``) and inside a Celery task
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -18,10 +19,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pydantic
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 
-from . import clock, failpoints, transitions
+from . import clock, failpoints, heartbeat, transitions
 from .errors import (
+    DatabaseUnavailable,
     ErrorKind,
     InvalidModelOutput,
     LeaseLost,
@@ -116,6 +118,11 @@ def _advance_claimed(lease: Lease) -> str | None:
         log.warning("stopped advancing: %s", exc)
     except failpoints.FailpointRaised:
         raise  # behaves as a crash at that point: the lease expires and the run is taken over
+    except (OperationalError, InterfaceError) as exc:
+        # The database went away (a restart, a failover, a dropped connection): infrastructure,
+        # not a fault of the workflow. Let go; the lease expires and whoever claims the run next
+        # finds a step left running unknown and reconciles it. Never park the run for this.
+        raise _database_unavailable(exc, f"run {lease.run_pk}") from exc
     except Exception as exc:
         # A bug in a workflow or the engine would otherwise crash every executor that takes
         # this run over, forever. Hand it to an operator instead (if the database still
@@ -127,6 +134,15 @@ def _advance_claimed(lease: Lease) -> str | None:
     if seen is not None:
         return seen.state
     return WorkflowRun.objects.filter(pk=lease.run_pk).values_list("state", flat=True).first()
+
+
+def _database_unavailable(exc: Exception, what: str) -> DatabaseUnavailable:
+    log.warning("database unavailable while advancing %s: %s: %s", what, type(exc).__name__, exc)
+    try:
+        connection.close()  # the next use opens a fresh connection
+    except Exception:  # noqa: BLE001 - closing a dead connection may fail too
+        pass
+    return DatabaseUnavailable(f"database unavailable while advancing {what}: {type(exc).__name__}: {exc}")
 
 
 def _load(lease: Lease) -> _Plan | None:
@@ -194,7 +210,16 @@ def _finish(lease: Lease, plan: _Plan) -> bool:
     if pending is not None:
         now = clock.now()
         wake_at = max(now + timedelta(seconds=1), pending.next_attempt_at or now, pending.claimed_until or now)
-        transitions.run_wait(lease=lease, wake_at=wake_at, reason=f"{pending.step_name}: waiting for outbox delivery")
+        reason = f"{pending.step_name}: waiting for outbox delivery"
+        if pending.settle_from is not None and pending.next_attempt_at is not None and pending.next_attempt_at > now:
+            until = plan.workflow.get_step(pending.step_name).in_flight_until(pending.settle_from)
+            when = (
+                transitions.in_flight_text(pending.settle_from, until)
+                if until == pending.next_attempt_at
+                else f"at {pending.next_attempt_at:%H:%M:%S} UTC"
+            )
+            reason = f"{pending.step_name}: message outcome unknown; looking it up again {when}"
+        transitions.run_wait(lease=lease, wake_at=wake_at, reason=reason)
         return False
     transitions.run_complete(lease=lease)
     return False
@@ -208,17 +233,12 @@ def _reconcile(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
         _execute(lease, plan, spec, step)
         return True
     if spec.reconcile == Reconcile.LOOKUP and spec.lookup_fn is not None:
-        found, error = _invoke(spec.lookup_fn, plan.context(step))
+        found, error = _invoke(spec.lookup_fn, plan.context(step), lease=lease)
         if error is not None:
             transitions.step_defer_reconcile(lease=lease, step_name=step.step_name, error=error, spec=spec)
             return False
         if found is None:
-            transitions.step_reset(
-                lease=lease,
-                step_name=step.step_name,
-                reason="look-up by idempotency key found nothing: the call never took effect",
-            )
-            return True
+            return _absent_or_wait(lease, spec, step)
         transitions.step_succeed(
             lease=lease,
             step_name=step.step_name,
@@ -232,6 +252,37 @@ def _reconcile(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
         lease=lease, step_name=step.step_name, reason=f"{step.step_name}: outcome unknown, operator must reconcile"
     )
     return False
+
+
+def _absent_or_wait(lease: Lease, spec: StepSpec, step: StepExecution) -> bool:
+    """A look-up found nothing. That proves the call never took effect only once the request
+    can no longer commit: its in-flight window (``spec.in_flight_bound()`` after it was sent)
+    has passed. Before that the step stays unknown and is looked up again when the window ends;
+    with no bound, an operator decides. Never a resend while the first request may land."""
+    sent_at = step.last_attempt_at
+    until = spec.in_flight_until(sent_at)
+    if until is None:
+        transitions.run_review(
+            lease=lease,
+            step_name=step.step_name,
+            reason=(
+                f"{step.step_name}: outcome unknown; the look-up found nothing, but the receiver may still "
+                "commit the request at any time (no in-flight bound): an operator must reconcile"
+            ),
+        )
+        return False
+    if clock.now() < until:
+        transitions.step_await_settle(lease=lease, step_name=step.step_name, until=until, sent_at=sent_at)
+        return False
+    transitions.step_reset(
+        lease=lease,
+        step_name=step.step_name,
+        reason=(
+            "look-up by idempotency key found nothing after the in-flight window closed "
+            f"({until.isoformat()}): the call never took effect"
+        ),
+    )
+    return True
 
 
 def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> None:
@@ -316,7 +367,7 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
         raw = None
     else:
-        raw, error = _invoke(spec.call, replace(ctx, intent=intent), point=name)
+        raw, error = _invoke(spec.call, replace(ctx, intent=intent), lease=lease, point=name)
 
     decision: dict[str, Any] | None = None
     if error is None and spec.is_decision:
@@ -399,6 +450,8 @@ def _compensate_once(lease: Lease, plan: _Plan) -> bool:
         return False
     spec = plan.workflow.get_step(step.step_name)
     assert spec.compensation_fn is not None  # only compensable steps are ever marked
+    if step.compensation_sent_at is not None and not _compensation_may_repeat(lease, spec, step):
+        return False
     remote_ref = step.remote_ref
     if spec.outbox:
         remote_ref = _undeliver(lease, plan, spec, step)
@@ -415,12 +468,39 @@ def _compensate_once(lease: Lease, plan: _Plan) -> bool:
         intent={"remote_ref": remote_ref, "result": step.result, "intent": step.intent},
     )
     transitions.compensation_begin(lease=lease, step_name=step.step_name)
-    raw, error = _invoke(spec.compensation_fn, ctx, point=f"{step.step_name}.compensate")
+    raw, error = _invoke(spec.compensation_fn, ctx, lease=lease, point=f"{step.step_name}.compensate")
     if error is None:
         transitions.compensation_succeed(lease=lease, step_name=step.step_name, outcome=_as_outcome(raw))
         return True
     transitions.compensation_fail(lease=lease, step_name=step.step_name, error=error, spec=spec)
     return False
+
+
+def _compensation_may_repeat(lease: Lease, spec: StepSpec, step: StepExecution) -> bool:
+    """An earlier compensation request of this step got no answer (its executor was lost
+    mid-call): send it again only once it can no longer commit, so that a compensation that
+    looks before it acts (has the correction been sent?) cannot miss it. Returns False when the
+    executor must let go now."""
+    until = spec.in_flight_until(step.compensation_sent_at)
+    if until is None:
+        transitions.compensation_fail(
+            lease=lease,
+            step_name=step.step_name,
+            spec=spec,
+            error=UnknownOutcome("the executor compensating this step was lost before recording the outcome"),
+        )
+        return False
+    if clock.now() < until:
+        transitions.run_wait(
+            lease=lease,
+            wake_at=until,
+            reason=(
+                f"{step.step_name}: compensation outcome unknown; trying again "
+                f"{transitions.in_flight_text(step.compensation_sent_at, until)}"
+            ),
+        )
+        return False
+    return True
 
 
 def _undeliver(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> str | None:
@@ -435,12 +515,29 @@ def _undeliver(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
         transitions.run_wait(lease=lease, wake_at=message.claimed_until, reason=f"{step.step_name}: being delivered")
         return None
     if message.attempts:
-        found, error = _invoke(spec.lookup_fn, replace(plan.context(step), intent=message.payload))
+        found, error = _invoke(spec.lookup_fn, replace(plan.context(step), intent=message.payload), lease=lease)
         if error is not None:
             transitions.compensation_fail(lease=lease, step_name=step.step_name, error=error, spec=spec)
             return None
         if found is not None:
             return _as_outcome(found).remote_ref
+        if message.settle_from is not None:
+            # An attempt whose outcome is unknown may still deliver it: "never sent" only after
+            # its in-flight window.
+            until = spec.in_flight_until(message.settle_from)
+            if until is None:
+                transitions.compensation_fail(
+                    lease=lease,
+                    step_name=step.step_name,
+                    spec=spec,
+                    error=UnknownOutcome("a delivery attempt's outcome is unknown and may land at any time"),
+                )
+                return None
+            if clock.now() < until:
+                window = transitions.in_flight_text(message.settle_from, until)
+                reason = f"{step.step_name}: not found yet; looking again {window}"
+                transitions.run_wait(lease=lease, wake_at=until, reason=reason)
+                return None
     transitions.compensation_succeed(
         lease=lease,
         step_name=step.step_name,
@@ -475,7 +572,7 @@ def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
     )
     try:
         if message.attempts > 1:
-            found, error = _invoke(spec.lookup_fn, ctx)
+            found, error = _invoke(spec.lookup_fn, ctx, claim=claim)
             if error is not None:
                 transitions.outbox_failed_attempt(claim=claim, error=error, spec=spec)
                 return _outbox_state(outbox_pk)
@@ -484,7 +581,9 @@ def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
                     claim=claim, outcome=_as_outcome(found), how="found by key after a lost answer"
                 )
                 return _outbox_state(outbox_pk)
-        raw, error = _invoke(spec.call, ctx, point=message.step_name)
+            if claim.settle_from is not None and not _may_send_again(claim, spec):
+                return _outbox_state(outbox_pk)
+        raw, error = _invoke(spec.call, ctx, claim=claim, point=message.step_name)
         if error is None:
             transitions.outbox_delivered(claim=claim, outcome=_as_outcome(raw), how="delivered")
         else:
@@ -492,7 +591,29 @@ def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
         failpoints.hit(message.step_name, "after_outcome")
     except LeaseLost as exc:
         log.warning("stopped publishing: %s", exc)
+    except (OperationalError, InterfaceError) as exc:
+        raise _database_unavailable(exc, f"outbox message {outbox_pk}") from exc
     return _outbox_state(outbox_pk)
+
+
+def _may_send_again(claim: transitions.OutboxClaim, spec: StepSpec) -> bool:
+    """The look-up missed; an earlier attempt (sent at ``claim.settle_from``) got no answer.
+    Send again only once that request can no longer be delivered; until then, look again at
+    the window's end (with no bound, never: an operator decides)."""
+    until = spec.in_flight_until(claim.settle_from)
+    if until is None:
+        transitions.outbox_unresolved(
+            claim=claim,
+            reason=(
+                f"{spec.name}: a delivery attempt's outcome is unknown, the look-up found nothing, and the "
+                "receiver may still deliver it at any time (no in-flight bound): an operator must check"
+            ),
+        )
+        return False
+    if clock.now() < until:
+        transitions.outbox_await_settle(claim=claim, until=until, sent_at=claim.settle_from)
+        return False
+    return True
 
 
 def _outbox_state(pk: int) -> str | None:
@@ -510,15 +631,30 @@ def publish_due(*, owner: str | None = None, limit: int = 100) -> int:
     return sum(publish(pk, owner=owner) is not None for pk in due_outbox_ids(limit=limit))
 
 
-def _invoke(fn: Callable[[StepContext], Any], ctx: StepContext, *, point: str = "") -> tuple[Any, StepError | None]:
-    """Call workflow code (a step, a look-up, a compensation) with no database lock held.
-    Its exceptions come back classified (errors.classify); an armed failpoint's
+def _invoke(
+    fn: Callable[[StepContext], Any],
+    ctx: StepContext,
+    *,
+    lease: Lease | None = None,
+    claim: transitions.OutboxClaim | None = None,
+    point: str = "",
+) -> tuple[Any, StepError | None]:
+    """Call workflow code (a step, a look-up, a compensation) with no database lock held,
+    renewing the run's ``lease`` (or the outbox ``claim``) while it is in flight (the
+    heartbeat). Its exceptions come back classified (errors.classify); an armed failpoint's
     FailpointRaised passes through, as a crash would. With ``point``, the before_call and
     after_call failpoints of that name surround the call."""
     if point:
         failpoints.hit(point, "before_call")
+    if lease is not None:
+        held = heartbeat.held_run(lease.run_pk, lease.generation)
+    elif claim is not None:
+        held = heartbeat.held_claim(claim.pk, claim.generation)
+    else:
+        held = contextlib.nullcontext()
     try:
-        result, error = fn(ctx), None
+        with held:
+            result, error = fn(ctx), None
     except failpoints.FailpointRaised:
         raise
     except Exception as exc:
@@ -571,8 +707,22 @@ def run_forever(*, until_idle: bool = False, poll_seconds: float = 1.0, owner: s
     (or, with ``until_idle``, until nothing is due now). Returns the number of runs advanced
     and messages attempted."""
     total = 0
+    outage = 0  # consecutive rounds the database could not be reached
     while True:
-        advanced = run_due(owner=owner) + publish_due(owner=owner)
+        try:
+            advanced = run_due(owner=owner) + publish_due(owner=owner)
+        except (DatabaseUnavailable, OperationalError, InterfaceError) as exc:
+            # A blip, not a reason to stop: back off (1, 2, 4 … 30 s) and try again; the runs
+            # this executor let go of are claimed again once their leases expire.
+            connection.close()
+            outage += 1
+            if until_idle and outage > 5:
+                raise
+            delay = min(30.0, 2.0 ** (outage - 1))
+            log.warning("%s; trying again in %.0f s", exc, delay)
+            time.sleep(delay)
+            continue
+        outage = 0
         total += advanced
         if advanced:
             continue

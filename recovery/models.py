@@ -117,6 +117,9 @@ class StepExecution(models.Model):
     compensation_ref = models.CharField(max_length=255, blank=True)
     compensation_result = models.JSONField(null=True, blank=True)
     compensation_restored = models.BooleanField(default=False)  # the previous state is truly back
+    # When the latest compensation request was sent, while its outcome is unknown (its answer
+    # was lost, or its executor died): it is not sent again before the in-flight bound has passed.
+    compensation_sent_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()
     history = HistoricalRecords()
 
@@ -251,6 +254,11 @@ class OutboxMessage(models.Model):
     claim_generation = models.BigIntegerField(default=0)
     dispatched_at = models.DateTimeField(null=True, blank=True)  # as WorkflowRun.dispatched_at
     provider_ref = models.CharField(max_length=255, blank=True)
+    # When the latest delivery attempt was sent (its claim), and when the latest attempt whose
+    # outcome is unknown was sent: a look-up that misses proves nothing before settle_from plus
+    # the step's in-flight bound.
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    settle_from = models.DateTimeField(null=True, blank=True)
     last_error_kind = models.CharField(max_length=24, choices=ErrorKind.choices, blank=True)
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField()

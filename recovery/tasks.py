@@ -2,12 +2,25 @@
 
 ``acks_late`` and ``reject_on_worker_lost`` are safe only because ``advance`` is idempotent
 and the database lease, not the broker, decides who owns a run. Attempts and retry times
-live in the database: no ``autoretry_for`` here.
+live in the database: no ``autoretry_for`` here. The one exception is the database itself:
+a task that could not reach it (a restart, a failover) is retried by Celery with backoff
+instead of being acknowledged and left for the sweeper's redispatch.
 """
+
+import random
 
 from celery import shared_task
 
 from . import executor, transitions
+from .errors import DatabaseUnavailable
+
+DB_RETRIES = 8  # 1, 2, 4 … 60 s: about five minutes of outage; after that, the sweeper
+
+
+def database_backoff(retries: int) -> float:
+    """Seconds before the next try of a task that could not reach the database: exponential
+    from 1 s, at most 60 s, with jitter so that a fleet of workers does not come back at once."""
+    return min(60.0, 2.0**retries) * random.uniform(0.5, 1.0)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -18,14 +31,20 @@ def start_run(workflow_name: str, event: dict) -> str:
     return run.workflow_id
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def advance_run(run_pk: int) -> None:
-    executor.advance(run_pk)
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, max_retries=DB_RETRIES)
+def advance_run(self, run_pk: int) -> None:
+    try:
+        executor.advance(run_pk)
+    except DatabaseUnavailable as exc:
+        raise self.retry(exc=exc, countdown=database_backoff(self.request.retries)) from exc
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def publish_outbox(outbox_pk: int) -> None:
-    executor.publish(outbox_pk)
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, max_retries=DB_RETRIES)
+def publish_outbox(self, outbox_pk: int) -> None:
+    try:
+        executor.publish(outbox_pk)
+    except DatabaseUnavailable as exc:
+        raise self.retry(exc=exc, countdown=database_backoff(self.request.retries)) from exc
 
 
 @shared_task(ignore_result=True)

@@ -52,6 +52,7 @@ from django.utils import timezone
 
 from . import clock as engine_clock
 from . import failpoints
+from . import heartbeat as engine_heartbeat
 from .errors import PermanentError, RateLimited, TransientError, UnknownOutcome
 from .executor import advance, publish_due
 from .models import OutboxMessage, OutboxState, RunState, StepExecution, StepState, WorkflowRun
@@ -188,30 +189,31 @@ class Receivers:
         for _ in range(7):  # 7/3 of a lease
             self.clock.advance(settings.RECOVERY_LEASE_SECONDS / 3)
             if heartbeat:
-                _beat()
+                engine_heartbeat.beat(force=True)  # as the heartbeat thread would, meanwhile
         if self.run_pk is not None:
             advance(self.run_pk, owner="rival-executor")
         publish_due(owner="rival-publisher")
-        if heartbeat and self._generations() != generations:
+        if heartbeat and self._taken(generations):
             self.problems.append(f"another executor took over while {what} was in flight under a working heartbeat")
 
-    def _generations(self) -> tuple:
-        run = WorkflowRun.objects.filter(pk=self.run_pk).values_list("lease_generation", flat=True).first()
-        claims = OutboxMessage.objects.filter(run_id=self.run_pk).values_list("claim_generation", flat=True)
-        return (run, tuple(claims))
+    def _generations(self) -> dict[str, int]:
+        """The generation of each lease and claim held right now (a rival may take what nobody holds)."""
+        held = {}
+        run = WorkflowRun.objects.filter(pk=self.run_pk).values("lease_owner", "lease_generation").first()
+        if run and run["lease_owner"]:
+            held["run"] = run["lease_generation"]
+        claims = OutboxMessage.objects.filter(run_id=self.run_pk).exclude(claimed_by="")
+        for pk, generation in claims.values_list("pk", "claim_generation"):
+            held[f"outbox {pk}"] = generation
+        return held
 
-
-def _beat() -> None:
-    try:
-        from . import heartbeat
-    except ImportError:  # an engine without a heartbeat
-        return
-    heartbeat.beat()
+    def _taken(self, held: dict[str, int]) -> bool:
+        now = self._generations()
+        return any(now.get(what) != generation for what, generation in held.items())
 
 
 def _bound(spec: StepSpec) -> timedelta | None:
-    bound = getattr(spec, "in_flight_bound", None)
-    return bound() if bound is not None else timedelta(seconds=60)
+    return spec.in_flight_bound()
 
 
 def _late_delay(spec: StepSpec, where: str) -> timedelta | None:

@@ -111,6 +111,8 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "fail": (frozenset({StepState.RUNNING, StepState.PENDING, StepState.FAILED}), StepState.FAILED),
     "mark_unknown": (frozenset({StepState.RUNNING}), StepState.UNKNOWN),
     "defer_reconcile": (frozenset({StepState.UNKNOWN}), StepState.UNKNOWN),
+    # a look-up missed while the request may still commit: look again at the window's end
+    "await_settle": (frozenset({StepState.UNKNOWN}), StepState.UNKNOWN),
     "reset": (frozenset({StepState.UNKNOWN, StepState.FAILED}), StepState.PENDING),
     "skip": (frozenset({StepState.PENDING}), StepState.SKIPPED),
     "compensate": (frozenset({StepState.SUCCEEDED, StepState.COMPENSATION_FAILED}), StepState.COMPENSATING),
@@ -917,6 +919,32 @@ def step_defer_reconcile(
         return step
 
 
+def in_flight_text(sent_at: datetime | None, until: datetime) -> str:
+    """"when the receiver can no longer commit the request sent at …" for a status line."""
+    sent = f" sent at {sent_at:%H:%M:%S} UTC" if sent_at is not None else ""
+    return f"at {until:%H:%M:%S} UTC, when the receiver can no longer commit the request{sent}"
+
+
+def step_await_settle(
+    *, lease: Lease, step_name: str, until: datetime, sent_at: datetime | None, now: datetime | None = None
+) -> StepExecution:
+    """A look-up found nothing while the request sent at ``sent_at`` may still commit (its
+    in-flight window ends at ``until``): the miss proves nothing yet (rule 7). The step stays
+    unknown and is looked up again at ``until``, when a miss does prove absence."""
+    with _leased_step(lease, step_name, "reconcile_wait", now) as change:
+        run, step, now = change.run, change.step, change.now
+        step.state = _check(STEP_TRANSITIONS, "await_settle", step.state, "step")
+        step.next_attempt_at = until
+        why = f"{step_name}: outcome unknown; looking again {in_flight_text(sent_at, until)}"
+        _check(RUN_TRANSITIONS, "wait", run.state, "run")
+        _release_into(run, RunState.WAITING, wake_at=until, reason=why)
+        _save_step(step, ["state", "next_attempt_at"], now)
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        change.reason = f"look-up found nothing yet; the receiver may commit the request until {until.isoformat()}"
+        change.extra = {"in_flight_until": until.isoformat()}
+        return step
+
+
 def run_wait(*, lease: Lease, wake_at: datetime, reason: str, now: datetime | None = None) -> None:
     """Nothing is due before ``wake_at``: give the run back with its wake-up time."""
     now = now or clock.now()
@@ -957,15 +985,19 @@ def run_complete(*, lease: Lease, now: datetime | None = None) -> None:
 
 
 def run_review(*, lease: Lease, reason: str, step_name: str = "", now: datetime | None = None) -> None:
-    """Stop and hand the run to an operator (a conflict the executor must not resolve)."""
+    """Stop and hand the run to an operator (a conflict the executor must not resolve). A
+    parked run never keeps a step ``running``: a call that may have been made is unknown."""
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run(lease)
         before = _snap(run)
         _check(RUN_TRANSITIONS, "review", run.state, "run")
+        abandoned = _abandon_running_steps(run, now, None)
+        lease.seen.clear()  # its copy of those steps is out of date
         _release_into(run, RunState.NEEDS_REVIEW, reason=reason)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        _audit(run, "review", actor=None, step_name=step_name, reason=reason, before=before, after=_snap(run), now=now)
+        after = {**_snap(run), "steps_now_unknown": abandoned} if abandoned else _snap(run)
+        _audit(run, "review", actor=None, step_name=step_name, reason=reason, before=before, after=after, now=now)
 
 
 # --- operator transitions --------------------------------------------------------------
@@ -1204,6 +1236,7 @@ def step_resolve(
         step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
         if step is None or step.state != StepState.UNKNOWN:
             raise InvalidTransition(f"step {step_name} is not waiting for reconciliation")
+        early = None if happened else _absent_too_early(run, step, actor, now)
         before = _snap(run, step)
         _fresh_budget(step)
         if happened:
@@ -1219,6 +1252,8 @@ def step_resolve(
             _release_into(run, RunState.PENDING, reason=f"{step_name}: resolved by an operator")
             _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
         evidence = {"happened": happened, **({"remote_ref": remote_ref} if happened else {})}
+        if early is not None:
+            evidence["in_flight_until"] = early
         _audit(
             run,
             "resolve",
@@ -1231,6 +1266,25 @@ def step_resolve(
         )
         _enqueue_on_commit(run.pk)
         return run
+
+
+def _absent_too_early(
+    run: WorkflowRun, step: StepExecution, actor: AbstractBaseUser | None, now: datetime
+) -> str | None:
+    """"It did not happen" while the step's last request may still commit (its in-flight
+    window is open, or unbounded) is a supervisor's call: the step would be performed again
+    beside a request that can still land. Returns the window's end (None when it is closed)."""
+    until = get_workflow(run.workflow_name).get_step(step.step_name).in_flight_until(step.last_attempt_at)
+    if until is not None and until <= now:
+        return None
+    if actor is not None and permissions.role_of(actor) < permissions.Role.SUPERVISOR:
+        sent = f" sent at {step.last_attempt_at:%H:%M:%S} UTC" if step.last_attempt_at else ""
+        still = f"until {until:%H:%M:%S} UTC" if until is not None else "at any time (no in-flight bound)"
+        raise InvalidTransition(
+            f"{step.step_name}: the request{sent} may still commit {still}; only a supervisor can declare "
+            "that it did not happen before then"
+        )
+    return until.isoformat() if until is not None else "unbounded"
 
 
 def run_terminate(
@@ -1633,7 +1687,8 @@ def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = N
         _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
         step.compensation_attempts += 1
         step.next_attempt_at = None
-        _save_step(step, ["compensation_attempts", "next_attempt_at"], now)
+        step.compensation_sent_at = now  # until it answers, the request may commit
+        _save_step(step, ["compensation_attempts", "next_attempt_at", "compensation_sent_at"], now)
         change.extra = {"compensation_attempts": step.compensation_attempts}
         return step
 
@@ -1657,15 +1712,22 @@ def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now:
 def compensation_fail(
     *, lease: Lease, step_name: str, error: StepError, spec: StepSpec, now: datetime | None = None
 ) -> None:
-    """A compensation failed. Compensations are idempotent, so transient errors and unknown
-    outcomes are retried within the step's budget; anything else, or an exhausted budget,
-    stops in the visible ``compensation_failed`` state — never reported as rolled back."""
+    """A compensation failed. Compensations are idempotent under their own key, so transient
+    errors and unknown outcomes are retried within the step's budget — an unknown one not
+    before its request can no longer commit (the step's in-flight bound), so that a look-up
+    inside the compensation (has the correction been sent?) cannot miss a request still in
+    flight. Anything else, an exhausted budget, or an unknown outcome with no bound stops in
+    the visible ``compensation_failed`` state — never reported as rolled back."""
     with _leased_step(lease, step_name, "compensation_fail", now) as change:
         run, step, now = change.run, change.step, change.now
         step.last_error_kind = error.kind
         message = redact_text(error.message)
         step.last_error = f"compensation: {message}"[:4000]
-        retryable = error.kind == ErrorKind.UNKNOWN_OUTCOME or spec.retry.retries(error.kind)
+        unknown = error.kind == ErrorKind.UNKNOWN_OUTCOME
+        settle_until = spec.in_flight_until(step.compensation_sent_at) if unknown else None
+        if not unknown:
+            step.compensation_sent_at = None  # it answered: nothing of this attempt is in flight
+        retryable = unknown or spec.retry.retries(error.kind)
         delay = (
             spec.retry.next_delay(
                 step.compensation_attempts, TransientError(error.message, retry_after=error.retry_after)
@@ -1673,23 +1735,26 @@ def compensation_fail(
             if retryable
             else None
         )
+        why = f"{step_name}: compensation failed: {message}"
+        if unknown and spec.in_flight_bound() is None:
+            delay = None
+            why = f"{step_name}: compensation outcome unknown and its receiver may commit at any time: check it"
         if delay is not None:
             _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
-            step.next_attempt_at = now + timedelta(seconds=delay)
+            step.next_attempt_at = max(now + timedelta(seconds=delay), settle_until or now)
+            retry = "compensation retry scheduled"
+            if settle_until is not None and step.next_attempt_at == settle_until:
+                window = in_flight_text(step.compensation_sent_at, settle_until)
+                retry = f"compensation outcome unknown; trying again {window}"
             _check(RUN_TRANSITIONS, "compensation_wait", run.state, "run")
-            _release_into(
-                run,
-                RunState.COMPENSATING,
-                wake_at=step.next_attempt_at,
-                reason=f"{step_name}: compensation retry scheduled",
-            )
+            _release_into(run, RunState.COMPENSATING, wake_at=step.next_attempt_at, reason=f"{step_name}: {retry}")
             change.action = "compensation_retry"
         else:
             step.state = _check(STEP_TRANSITIONS, "compensation_fail", step.state, "step")
             step.next_attempt_at = None
             _check(RUN_TRANSITIONS, "compensation_fail", run.state, "run")
-            _release_into(run, RunState.COMPENSATION_FAILED, reason=f"{step_name}: compensation failed: {message}")
-        _save_step(step, ["state", "last_error_kind", "last_error", "next_attempt_at"], now)
+            _release_into(run, RunState.COMPENSATION_FAILED, reason=why)
+        _save_step(step, ["state", "last_error_kind", "last_error", "next_attempt_at", "compensation_sent_at"], now)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
         change.reason = message[:1000]
 
@@ -1766,6 +1831,9 @@ class OutboxClaim:
     pk: int
     owner: str
     generation: int
+    # When the latest attempt whose outcome is unknown was sent (None: no earlier attempt may
+    # have delivered the message unbeknown to us)
+    settle_from: datetime | None = None
 
 
 def outbox_due(now: datetime) -> Q:
@@ -1783,15 +1851,25 @@ def outbox_claim(*, pk: int, owner: str | None = None, now: datetime | None = No
         message = qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked).first()
         if message is None:
             return None
+        if message.claimed_by:
+            # The last publisher's claim expired before it recorded an outcome: its request may
+            # be in flight still, and commit until its in-flight window ends.
+            message.settle_from = message.last_attempt_at
         message.attempts += 1
         message.claimed_by = owner or default_owner()
         message.claimed_until = now + lease_duration()
         message.claim_generation += 1
         message.dispatched_at = None
+        message.last_attempt_at = now
         message.updated_at = now
         fields = ["attempts", "claimed_by", "claimed_until", "claim_generation", "dispatched_at", "updated_at"]
-        message.save(update_fields=fields)
-        return OutboxClaim(pk=message.pk, owner=message.claimed_by, generation=message.claim_generation)
+        message.save(update_fields=[*fields, "last_attempt_at", "settle_from"])
+        return OutboxClaim(
+            pk=message.pk,
+            owner=message.claimed_by,
+            generation=message.claim_generation,
+            settle_from=message.settle_from,
+        )
 
 
 def _locked_outbox(claim: OutboxClaim) -> tuple[WorkflowRun, OutboxMessage]:
@@ -1866,11 +1944,16 @@ def outbox_failed_attempt(*, claim: OutboxClaim, error: StepError, spec: StepSpe
         message.last_error_kind = error.kind
         message.last_error = _error_text(error, 4000)
         message.claimed_by, message.claimed_until = "", None
-        retryable = error.kind == ErrorKind.UNKNOWN_OUTCOME or spec.retry.retries(error.kind)
+        unknown = error.kind == ErrorKind.UNKNOWN_OUTCOME
+        if unknown:
+            message.settle_from = message.last_attempt_at  # it may have been delivered: look first
+        retryable = unknown or spec.retry.retries(error.kind)
         elapsed = (now - (message.budget_started_at or message.created_at)).total_seconds()
         as_retry = TransientError(error.message, retry_after=error.retry_after)
         attempt = message.attempts - message.budget_start_attempt
         delay = spec.retry.next_delay(attempt, as_retry, elapsed=elapsed) if retryable else None
+        if unknown and spec.in_flight_bound() is None:
+            delay = None  # no look-up can ever prove it was not delivered: an operator decides
         if delay is None:
             message.state = OutboxState.FAILED
             message.next_attempt_at = None
@@ -1887,6 +1970,7 @@ def outbox_failed_attempt(*, claim: OutboxClaim, error: StepError, spec: StepSpe
                 "claimed_by",
                 "claimed_until",
                 "next_attempt_at",
+                "settle_from",
                 "updated_at",
             ]
         )
@@ -1905,6 +1989,80 @@ def outbox_failed_attempt(*, claim: OutboxClaim, error: StepError, spec: StepSpe
         return action
 
 
+def outbox_await_settle(
+    *, claim: OutboxClaim, until: datetime, sent_at: datetime | None, now: datetime | None = None
+) -> None:
+    """The look-up before a new delivery attempt found nothing, but an earlier attempt's request
+    may still commit until ``until`` (rule 7): send nothing now, look again then. The claim
+    counted a delivery attempt that was not made: it is given back."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run, message = _locked_outbox(claim)
+        before = {"outbox": message.state, "attempts": message.attempts}
+        message.attempts -= 1
+        message.claimed_by, message.claimed_until = "", None
+        message.next_attempt_at = until
+        message.last_error = f"looking it up again {in_flight_text(sent_at, until)}"
+        message.updated_at = now
+        message.save(
+            update_fields=["attempts", "claimed_by", "claimed_until", "next_attempt_at", "last_error", "updated_at"]
+        )
+        if run.state == RunState.WAITING and not _live_lease(run, now):
+            # The run waits for this delivery: its status says what it waits for, and it wakes then.
+            run.status_reason = f"{message.step_name}: message outcome unknown; {message.last_error}"
+            run.next_wake_at = until
+            _save_run(run, ["status_reason", "next_wake_at"], now)
+        _audit(
+            run,
+            "outbox_settle_wait",
+            actor=None,
+            step_name=message.step_name,
+            reason=message.last_error,
+            before=before,
+            after={"outbox": message.state, "attempts": message.attempts, "in_flight_until": until.isoformat()},
+            now=now,
+        )
+
+
+def outbox_unresolved(*, claim: OutboxClaim, reason: str, now: datetime | None = None) -> None:
+    """The look-up found nothing and the step has no in-flight bound: an earlier attempt may
+    still be delivered at any time, so no attempt is made; the row stops as ``failed`` and
+    the run goes to an operator."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run, message = _locked_outbox(claim)
+        before = {"outbox": message.state, "attempts": message.attempts}
+        message.attempts -= 1
+        message.state = OutboxState.FAILED
+        message.claimed_by, message.claimed_until, message.next_attempt_at = "", None, None
+        message.last_error_kind = ErrorKind.UNKNOWN_OUTCOME
+        message.last_error = reason
+        message.updated_at = now
+        message.save(
+            update_fields=[
+                "attempts",
+                "state",
+                "claimed_by",
+                "claimed_until",
+                "next_attempt_at",
+                "last_error_kind",
+                "last_error",
+                "updated_at",
+            ]
+        )
+        _audit(
+            run,
+            "outbox_fail",
+            actor=None,
+            step_name=message.step_name,
+            reason=reason,
+            before=before,
+            after={"outbox": message.state, "attempts": message.attempts, "error_kind": message.last_error_kind},
+            now=now,
+        )
+        _wake(run, now)
+
+
 def outbox_cancel(*, lease: Lease, step_name: str, now: datetime | None = None) -> OutboxMessage:
     """Compensating an undelivered message: stop its delivery. Refused (the row is returned
     unchanged) while a publisher holds it."""
@@ -1917,9 +2075,22 @@ def outbox_cancel(*, lease: Lease, step_name: str, now: datetime | None = None) 
             before = {"outbox": message.state}
             message.state = OutboxState.CANCELLED
             message.claim_generation += 1  # fences a publisher whose claim expired mid-call
+            if message.claimed_by:  # ...whose request may still be delivered
+                message.settle_from = message.last_attempt_at
+                message.claimed_by, message.claimed_until = "", None
             message.next_attempt_at = None
             message.updated_at = now
-            message.save(update_fields=["state", "claim_generation", "next_attempt_at", "updated_at"])
+            message.save(
+                update_fields=[
+                    "state",
+                    "claim_generation",
+                    "settle_from",
+                    "claimed_by",
+                    "claimed_until",
+                    "next_attempt_at",
+                    "updated_at",
+                ]
+            )
             _renew(run, now)
             _save_run(run, ["lease_expires_at"], now)
             _audit(

@@ -25,9 +25,11 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pydantic
+from django.conf import settings
 from django.db import models
 
 from . import redaction
@@ -55,6 +57,16 @@ class CompensationPolicy(models.TextChoices):
 
     OPERATOR = "operator", "wait for an operator to decide"
     AUTOMATIC = "automatic", "compensate completed steps at once, in reverse order"
+
+
+class _Default:
+    """The in-flight bound a step gets when it declares none: see ``StepSpec.in_flight_bound``."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT_SETTLE"
+
+
+DEFAULT_SETTLE: Any = _Default()
 
 
 @dataclass(frozen=True)
@@ -129,6 +141,11 @@ class StepSpec:
     local: bool = False  # its effect is written to this database, in the transaction of its outcome
     compensation_fn: Callable[[StepContext], Any] | None = None
     compensation: Compensation | None = None
+    # The call's own timeout in seconds (a number, or a function of the settings); None: the
+    # adapters' RECOVERY_HTTP_TIMEOUT.
+    timeout: float | Callable[[], float | None] | None = None
+    # The in-flight bound (see in_flight_bound); DEFAULT_SETTLE derives it from the timeout.
+    settle: timedelta | None = DEFAULT_SETTLE
 
     # decorators, in the style of property setters
     def intent(self, fn: Callable[[StepContext], dict[str, Any]]) -> Callable:
@@ -160,6 +177,38 @@ class StepSpec:
     def is_decision(self) -> bool:
         return self.decision_schema is not None
 
+    def call_timeout(self) -> float:
+        """Seconds the step's call waits for an answer before its outcome is unknown."""
+        timeout = self.timeout() if callable(self.timeout) else self.timeout
+        return float(settings.RECOVERY_HTTP_TIMEOUT if timeout is None else timeout)
+
+    def in_flight_bound(self) -> timedelta | None:
+        """How long after a request was sent the receiver may still commit it (rule 7). A
+        look-up that finds nothing proves absence only once this much time has passed since the
+        request was sent; before that the outcome stays unknown. ``None``: unbounded, a miss
+        goes to an operator. Undeclared: the call's timeout plus RECOVERY_SETTLE_SECONDS (a
+        receiver may go on working well after its caller gave up)."""
+        if self.settle is DEFAULT_SETTLE:
+            return timedelta(seconds=self.call_timeout() + settings.RECOVERY_SETTLE_SECONDS)
+        return self.settle
+
+    def in_flight_until(self, sent_at: datetime | None) -> datetime | None:
+        """When a request sent at ``sent_at`` can no longer commit; None if never (unbounded)."""
+        bound = self.in_flight_bound()
+        if bound is None:
+            return None
+        return (sent_at or datetime.min.replace(tzinfo=UTC)) + bound
+
+    def in_flight_text(self) -> str:
+        """The in-flight bound as the contract table shows it."""
+        if self.is_decision or self.local or self.rerun == Rerun.YES:
+            return ""
+        bound = self.in_flight_bound()
+        if bound is None:
+            return "unbounded: a miss goes to an operator"
+        default = " (default: timeout + RECOVERY_SETTLE_SECONDS)" if self.settle is DEFAULT_SETTLE else ""
+        return f"{bound.total_seconds():g} s{default}"
+
     def recovery_rule(self) -> str:
         if self.is_decision:
             return "reuse the accepted decision; ask the model again only while none is accepted"
@@ -180,6 +229,7 @@ class StepSpec:
             "decision_schema": f"{self.decision_schema.__name__} v{self.schema_version}"
             if self.decision_schema
             else "",
+            "in_flight_bound": self.in_flight_text(),
             "compensation": self.compensation.description if self.compensation else "",
             "compensation_by": self.compensation.who if self.compensation else "",
         }
@@ -236,8 +286,17 @@ class Workflow:
         outbox: bool = False,
         local: bool = False,
         name: str | None = None,
+        timeout: float | Callable[[], float | None] | None = None,
+        settle: timedelta | None = DEFAULT_SETTLE,
     ) -> Callable[[Callable], StepSpec]:
         """Declare the next step. A step safe to re-run reconciles by re-running by default.
+
+        ``timeout`` is the call's own timeout in seconds (default: RECOVERY_HTTP_TIMEOUT);
+        ``settle`` its in-flight bound, how long after a request was sent the receiver may
+        still commit it (default: the timeout plus RECOVERY_SETTLE_SECONDS; ``None``:
+        unbounded, an unknown outcome that a look-up does not find goes to an operator). The
+        engine never concludes from a look-up that finds nothing that a call did not happen
+        before that bound has passed, and the same bound covers the step's compensation.
 
         With ``outbox=True`` the executor does not call the step: it writes its intent as an
         outbox row in the same transaction as the step's success, and the outbox publisher
@@ -268,6 +327,8 @@ class Workflow:
                 compensable=compensable,
                 outbox=outbox,
                 local=local,
+                timeout=timeout,
+                settle=settle,
             )
             if any(s.name == spec.name for s in self.steps):
                 raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")
@@ -285,13 +346,17 @@ class Workflow:
         retry: RetryPolicy = DEFAULT_POLICY,
         keep_invalid_output: bool = True,
         name: str | None = None,
+        timeout: float | Callable[[], float | None] | None = None,
     ) -> Callable[[Callable], StepSpec]:
         """Declare a model step. It returns a *proposal* (JSON text or a dict); the engine
         validates it against ``schema``, stores the accepted decision before any later
-        step can use it, and reuses it on every re-run."""
+        step can use it, and reuses it on every re-run. ``timeout``: the model call's own (a
+        number of seconds or a function of the settings), checked against the lease."""
 
         def decorate(fn: Callable) -> StepSpec:
-            spec = self.step(effect=effect, rerun=Rerun.USUALLY, reconcile=Reconcile.RERUN, retry=retry, name=name)(fn)
+            spec = self.step(
+                effect=effect, rerun=Rerun.USUALLY, reconcile=Reconcile.RERUN, retry=retry, name=name, timeout=timeout
+            )(fn)
             spec.decision_schema = schema
             spec.schema_version = schema_version
             spec.keep_invalid_output = keep_invalid_output

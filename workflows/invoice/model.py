@@ -539,6 +539,13 @@ class OpenAIProvider:
         return content
 
 
+def call_timeout() -> float:
+    """Seconds a model call may take with the configured provider (the offline rules: none)."""
+    from django.conf import settings
+
+    return float(settings.OPENAI_TIMEOUT) if getattr(settings, "MODEL_PROVIDER", "rules") == "openai" else 0.0
+
+
 def get_provider() -> ModelProvider:
     """The provider configured by ``settings.MODEL_PROVIDER`` ("rules" or "openai")."""
     from django.conf import settings

@@ -12,7 +12,7 @@ from recovery.retries import RetryPolicy
 from recovery.workflow import CompensationPolicy, Reconcile, Rerun, Workflow
 
 from . import adapters
-from .model import SCHEMA_VERSION, InvoiceDecision, get_provider
+from .model import SCHEMA_VERSION, InvoiceDecision, call_timeout, get_provider
 
 
 class InvoiceEvent(BaseModel):
@@ -50,7 +50,7 @@ def read_invoice(ctx):
     return {"text": text, "characters": len(text)}
 
 
-@invoice.decision(schema=InvoiceDecision, schema_version=SCHEMA_VERSION, retry=MODEL_POLICY)
+@invoice.decision(schema=InvoiceDecision, schema_version=SCHEMA_VERSION, retry=MODEL_POLICY, timeout=call_timeout)
 def classify(ctx):
     return get_provider().propose(invoice_id=ctx.intent["invoice_id"], text=ctx.intent["text"])
 
