@@ -25,7 +25,13 @@ from what the engine handles:
 - a crash while the call is in flight, its request committing late, then a takeover;
 - a call that outlives its lease (its heartbeat could not reach the database) while another
   executor takes the run over, and a slow call or look-up under a working heartbeat;
-- a look-up that fails before it answers.
+- a look-up that fails before it answers;
+- with ``compensations=`` (a count of what each compensation made, per step): a completed run is
+  compensated by an operator, and each compensation's request commits late (below, at or beyond
+  the bound) or its executor dies while it is in flight. At most one compensation object per step.
+  (The late commit replays the compensation call as a whole, its own look-ups included: a
+  compensation that looks before it sends needs its receiver to commit the request itself late,
+  as tests/support/receivers.py's ``late_commit`` does.)
 
 A workflow author gets it in one line, in any test module (pytest-django)::
 
@@ -56,7 +62,7 @@ from . import heartbeat as engine_heartbeat
 from .errors import PermanentError, RateLimited, TransientError, UnknownOutcome
 from .executor import advance, publish_due
 from .models import OutboxMessage, OutboxState, RunState, StepExecution, StepState, WorkflowRun
-from .transitions import TERMINAL_RUN_STATES, run_start
+from .transitions import TERMINAL_RUN_STATES, run_compensate, run_start
 from .workflow import Rerun, StepSpec, Workflow, get_workflow
 
 CRASH = "crash"
@@ -79,6 +85,8 @@ LOOKUP_FAULTS = (
     "lookup_fails",  # the answer is lost, then the first look-up fails (503) before it answers
     "lookup_slow",  # the answer is lost, then the look-up outlasts the lease (the heartbeat beats)
 )
+COMPENSATION_LATE = "compensation_late_commit"  # boundary below / at / beyond
+COMPENSATION_CRASH = "compensation_crash_in_flight"
 # How long the receiver takes to commit a late request when the step has no bound (None).
 UNBOUNDED_LATE_SECONDS = 3600.0
 SETTLED = frozenset(
@@ -113,8 +121,9 @@ def has_remote_effect(spec: StepSpec) -> bool:
     return spec.rerun != Rerun.YES and not spec.is_decision and not spec.local
 
 
-def cases(workflow: Workflow) -> list[Case]:
-    """Every step × every boundary (crash) and every fault kind that applies to it."""
+def cases(workflow: Workflow, *, compensations: bool = False) -> list[Case]:
+    """Every step × every boundary (crash) and every fault kind that applies to it (with
+    ``compensations``, the faults of every compensation too)."""
     out: list[Case] = []
     for spec in workflow.steps:
         out += [Case(spec.name, CRASH, point) for point in failpoints.POINTS]
@@ -126,6 +135,9 @@ def cases(workflow: Workflow) -> list[Case]:
             out += [Case(spec.name, fault) for fault in IN_FLIGHT_FAULTS]
             if spec.lookup_fn is not None:
                 out += [Case(spec.name, fault) for fault in LOOKUP_FAULTS]
+        if compensations and spec.compensation_fn is not None:
+            out += [Case(spec.name, COMPENSATION_LATE, where) for where in LATE_BOUNDARIES]
+            out.append(Case(spec.name, COMPENSATION_CRASH))
     return out
 
 
@@ -270,7 +282,24 @@ def inject(spec: StepSpec, fault: str, boundary: str = "", *, receivers: Receive
             world.outlast_lease(f"{spec.name}'s look-up", heartbeat=True)
         return real_lookup(ctx)
 
-    with _patched(spec, "call", faulty), _patched(spec, "lookup_fn", faulty_lookup if real_lookup else None):
+    real_compensation = spec.compensation_fn
+    compensating = itertools.count(1)
+
+    def faulty_compensation(ctx):
+        if fault in (COMPENSATION_LATE, COMPENSATION_CRASH) and next(compensating) == 1:
+            delay = _late_delay(spec, boundary or "below")
+            if delay is not None:
+                world.commit_later(delay, lambda: real_compensation(ctx))
+            if fault == COMPENSATION_CRASH:
+                raise failpoints.FailpointRaised(f"{spec.name}: died with its compensation in flight (injected)")
+            raise UnknownOutcome(f"{spec.name}: the compensation timed out; the receiver is still on it (injected)")
+        return real_compensation(ctx)
+
+    with (
+        _patched(spec, "call", faulty),
+        _patched(spec, "lookup_fn", faulty_lookup if real_lookup else None),
+        _patched(spec, "compensation_fn", faulty_compensation if real_compensation else None),
+    ):
         yield
 
 
@@ -316,10 +345,14 @@ def run_case(
     data: dict[str, Any],
     effects: Callable[[WorkflowRun], dict[str, int]],
     clock: MovableClock,
+    compensations: Callable[[WorkflowRun], dict[str, int]] | None = None,
 ) -> WorkflowRun:
     """Run one case and check its invariants; raises MatrixViolation naming the case."""
     spec = workflow.get_step(case.step)
     run, _ = run_start(workflow=workflow, data=data)
+    if case.fault in (COMPENSATION_LATE, COMPENSATION_CRASH):
+        assert compensations is not None, "compensation cases need compensations="
+        return _compensation_case(workflow, case, run, effects, compensations, clock)
     if case.fault == CRASH:
         with _patched(failpoints, "hit", _crash_once_at(case.step, case.boundary)):
             try:
@@ -343,6 +376,49 @@ def run_case(
         if receivers.problems:
             raise MatrixViolation(f"[{workflow.name} {case.id}] " + "; ".join(receivers.problems))
     check(workflow, run, effects=effects, case=case, clock=clock)
+    return run
+
+
+def _compensation_case(
+    workflow: Workflow,
+    case: Case,
+    run: WorkflowRun,
+    effects: Callable[[WorkflowRun], dict[str, int]],
+    compensations: Callable[[WorkflowRun], dict[str, int]],
+    clock: MovableClock,
+) -> WorkflowRun:
+    """Complete the run, have an operator compensate it, and fault the compensation of
+    ``case.step``: at most one compensation object per step, and the run says how it ended."""
+    run = drive(run, clock, must_settle=True)
+    if run.state != RunState.COMPLETED:
+        raise MatrixViolation(f"[{workflow.name} {case.id}] the run did not complete before compensating: {run.state}")
+    run_compensate(workflow_id=run.workflow_id, actor=None, reason=f"fault matrix {case.id}")
+    receivers = Receivers(clock=clock, run_pk=run.pk)
+    with inject(workflow.get_step(case.step), case.fault, case.boundary, receivers=receivers):
+        run = drive(run, clock, receivers=receivers)
+    receivers.settle(everything=True)
+    problems: list[str] = []
+    run.refresh_from_db()
+    if run.state not in (RunState.COMPENSATED, RunState.COMPENSATION_FAILED, RunState.NEEDS_REVIEW):
+        problems.append(f"the compensated run ended {run.state}: {run.status_reason}")
+    if run.status_reason.startswith("executor error"):
+        problems.append(f"the executor failed: {run.status_reason}")
+    made = compensations(run)
+    for step in StepExecution.objects.filter(run=run):
+        n = made.get(step.step_name, 0)
+        if n > 1:
+            problems.append(f"{step.step_name}'s compensation made {n} remote objects (a duplicate)")
+        if (
+            step.state == StepState.COMPENSATED
+            and n != 1
+            and not (step.compensation_result or {}).get("cancelled_before_delivery")
+        ):
+            problems.append(f"{step.step_name} is compensated but its compensation made {n} remote objects")
+    for name, n in effects(run).items():
+        if n > 1:
+            problems.append(f"{name} made {n} remote objects (a duplicate)")
+    if problems:
+        raise MatrixViolation(f"[{workflow.name} {case.id}] " + "; ".join(problems))
     return run
 
 
@@ -419,14 +495,16 @@ def fault_matrix(
     effects: Callable[[WorkflowRun], dict[str, int]],
     fixtures: tuple[str, ...] = (),
     databases: tuple[str, ...] = ("default",),
+    compensations: Callable[[WorkflowRun], dict[str, int]] | None = None,
 ):
     """A parametrised pytest test running the whole fault matrix of one workflow. ``event(n)``
     makes the n-th business event (a distinct business key per case); ``fixtures`` names
-    pytest fixtures the receivers need (a live server, say)."""
+    pytest fixtures the receivers need (a live server, say); ``compensations(run) -> {step:
+    number of remote objects its compensation made}`` adds the compensations' cases."""
     import pytest
 
     workflow = get_workflow(workflow_name)
-    numbered = list(enumerate(cases(workflow)))
+    numbered = list(enumerate(cases(workflow, compensations=compensations is not None)))
 
     @pytest.mark.django_db(transaction=True, databases=list(databases))
     @pytest.mark.parametrize("numbered_case", numbered, ids=[case.id for _, case in numbered])
@@ -437,7 +515,7 @@ def fault_matrix(
         clock = MovableClock()
         monkeypatch.setattr(engine_clock, "now", clock.now)
         n, case = numbered_case
-        run_case(workflow, case, data=event(n), effects=effects, clock=clock)
+        run_case(workflow, case, data=event(n), effects=effects, clock=clock, compensations=compensations)
 
     test_fault_matrix.__doc__ = f"The fault matrix of {workflow_name}: every step × boundary × fault kind."
     return test_fault_matrix

@@ -239,6 +239,27 @@ def test_an_unknown_compensation_is_not_sent_again_before_its_window_closes(cloc
     assert notify_step(run).compensation_attempts == 2
 
 
+def test_a_correction_committed_late_is_found_by_the_retry_not_sent_twice(clock):
+    """The compensation looks before it sends (the messenger honours no key). Its first request
+    lands LATE_SECONDS after it was sent, long after the caller gave up: a retry before the
+    window closes would miss it and send a second correction."""
+    assert receivers.LATE_SECONDS < NOTIFY.in_flight_bound().total_seconds()
+    run = drive(start(), clock)
+    receivers.arm("correction", "late_commit")
+    transitions.run_compensate(workflow_id=run.workflow_id, actor=_person("sue", "supervisor"), reason="wrong")
+    for _ in range(40):  # as production would: each time the run is due, late requests landing meanwhile
+        receivers.land_late()
+        advance(run.pk)
+        run.refresh_from_db()
+        if run.state != RunState.COMPENSATING:
+            break
+        clock.set(run.next_wake_at or clock.now() + timedelta(seconds=1))
+    assert receivers.land_late(everything=True) == 0  # it had landed before the retry looked
+    assert run.state == RunState.COMPENSATED, run.status_reason
+    assert receivers.compensations() == {"task_cancel": 1, "correction": 1, "reversal": 1}
+    assert notify_step(run).compensation_attempts == 2
+
+
 def test_the_publisher_does_not_send_again_while_a_lost_attempt_may_still_be_delivered(clock):
     """The outbox publisher keeps the same rule: an attempt timed out, the receiver is still
     working on it; the next claim looks, misses, gives its attempt back and waits."""

@@ -11,18 +11,35 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict, deque
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 
+from recovery import clock
 from recovery.errors import PermanentError, RateLimited, TransientError, UnknownOutcome
 from recovery.workflow import Outcome, payload_hash
 
 from .models import RemoteObject
 
 # kind -> queue of faults for the next calls: "fail_before_commit", "commit_then_drop",
-# "rate_limit", "forbidden", "unavailable"
+# "rate_limit", "forbidden", "unavailable", "late_commit" (corrections: the request is committed
+# LATE_SECONDS later on the engine's clock, after the caller gave up; ``land_late`` commits it)
 FAULTS: dict[str, deque] = defaultdict(deque)
 RETRY_AFTER = 7.0
+LATE_SECONDS = 30.0
+LATE: list[tuple[datetime, Callable[[], object]]] = []
+
+
+def land_late(*, everything: bool = False) -> int:
+    """Commit the late requests whose time has come (engine clock; with ``everything``, all of
+    them: the receiver finishes its work whatever the caller does meanwhile). Returns how many."""
+    now = clock.now()
+    due = [item for item in LATE if everything or item[0] <= now]
+    for item in due:
+        LATE.remove(item)
+        item[1]()
+    return len(due)
 
 
 def arm(kind: str, mode: str, times: int = 1) -> None:
@@ -37,6 +54,7 @@ PLANTED: dict[str, str] = {}  # the test's own secrets ("ingestion", "password")
 
 def clear() -> None:
     FAULTS.clear()
+    LATE.clear()
     RAISES.clear()
     CALLS.clear()
     PLANTED.clear()
@@ -140,7 +158,14 @@ def send_correction(*, client_ref: str, corrects: str, text: str) -> Outcome:
     existing = RemoteObject.objects.filter(kind="correction", client_ref=client_ref).first()
     if existing is None:
         mode = _before("correction")
-        existing = RemoteObject.objects.create(kind="correction", client_ref=client_ref, payload={"corrects": corrects})
+
+        def commit():
+            return RemoteObject.objects.create(kind="correction", client_ref=client_ref, payload={"corrects": corrects})
+
+        if mode == "late_commit":
+            LATE.append((clock.now() + timedelta(seconds=LATE_SECONDS), commit))
+            raise UnknownOutcome("correction: timed out; the messenger is still working on the request")
+        existing = commit()
         _after("correction", mode)
     return Outcome(remote_ref=f"msg-{existing.pk}")
 
