@@ -98,8 +98,19 @@ EFFECT_MAY_EXIST = ("succeeded", "unknown", "running", "compensating", "compensa
 # What chaos arms. `tasks cancel` is faultable too, but only a compensation cancels a task and
 # the invoice workflow compensates on an operator's word only: such a fault would never fire.
 FAULT_TARGETS = (("tasks", "create"), ("messages", "send"), ("ledger", "post"))
-FAULT_MODES = (("commit_then_drop", 3), ("rate_limit", 2), ("unavailable", 2), ("fail_before_commit", 2), ("slow", 2))
+FAULT_MODES = (
+    ("commit_then_drop", 3),
+    ("late_commit", 3),
+    ("rate_limit", 2),
+    ("unavailable", 2),
+    ("fail_before_commit", 2),
+    ("slow", 2),
+)
 SLOW_DELAYS_MS = (200, 500, 900, 1500, 2500)  # some past the adapters' 1 s timeout: the answer is late
+# The receiver commits after the caller gave up (1 s), well inside the in-flight bound the soak
+# configures (SETTLE_SECONDS + the 1 s timeout): a look-up before then must not be taken as absence.
+SETTLE_SECONDS = 15
+LATE_DELAYS_MS = (1500, 4000, 8000)
 REDELIVER_AFTER = 15.0
 
 VENDORS = (
@@ -338,6 +349,7 @@ class Soak:
             # A task a SIGKILLed worker had reserved is lost with it: re-sent after 20 s, not 60.
             RECOVERY_REDISPATCH_SECONDS="20",
             RECOVERY_HTTP_TIMEOUT="1",
+            RECOVERY_SETTLE_SECONDS=str(SETTLE_SECONDS),
             SANDBOX_URL=f"http://127.0.0.1:{self.server_port}",
             DJANGO_DEBUG="0",  # as in production: no query log kept in every worker
             DJANGO_SECRET_KEY=secrets.token_urlsafe(32),
@@ -685,6 +697,8 @@ class Soak:
                     extra = ["--retry-after", str(rng.randint(1, 2))]
                 elif mode == "slow":
                     extra = ["--delay-ms", str(rng.choice(SLOW_DELAYS_MS))]
+                elif mode == "late_commit":
+                    extra = ["--delay-ms", str(rng.choice(LATE_DELAYS_MS))]
             index += 1
             argv = [PY, MANAGE, "sandbox", "fault", service, operation, mode, "--times", str(times), *extra]
             rc, out = self.command(argv)

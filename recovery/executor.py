@@ -100,7 +100,10 @@ def advance(run_pk: int, *, owner: str | None = None) -> str | None:
     """Advance one run as far as it can go now. Returns the run's state when this executor
     let go of it, or None if the run was not claimable (someone else holds it, or it is not
     due, or it is finished)."""
-    lease = transitions.run_claim(run_pk=run_pk, owner=owner)
+    try:
+        lease = transitions.run_claim(run_pk=run_pk, owner=owner)
+    except (OperationalError, InterfaceError) as exc:
+        raise _database_unavailable(exc, f"run {run_pk}") from exc
     return None if lease is None else _advance_claimed(lease)
 
 
@@ -554,11 +557,20 @@ def _undeliver(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
 def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
     """One delivery attempt of one outbox row, effectively once: if an earlier attempt may
     have sent it (its answer lost, or its publisher killed), look the message up by its key
-    before sending. Returns the row's state afterwards, or None if it was not claimable."""
-    claim = transitions.outbox_claim(pk=outbox_pk, owner=owner)
-    if claim is None:
-        return None
-    message = OutboxMessage.objects.select_related("run").get(pk=outbox_pk)
+    before sending. Returns the row's state afterwards, or None if it was not claimable.
+    Raises DatabaseUnavailable when the database cannot be reached (the claim then expires)."""
+    try:
+        claim = transitions.outbox_claim(pk=outbox_pk, owner=owner)
+        if claim is None:
+            return None
+        _deliver(claim)
+        return _outbox_state(outbox_pk)
+    except (OperationalError, InterfaceError) as exc:
+        raise _database_unavailable(exc, f"outbox message {outbox_pk}") from exc
+
+
+def _deliver(claim: transitions.OutboxClaim) -> None:
+    message = OutboxMessage.objects.select_related("run").get(pk=claim.pk)
     run = message.run
     spec = get_workflow(run.workflow_name).get_step(message.step_name)
     results = dict(StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED).values_list("step_name", "result"))
@@ -575,14 +587,14 @@ def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
             found, error = _invoke(spec.lookup_fn, ctx, claim=claim)
             if error is not None:
                 transitions.outbox_failed_attempt(claim=claim, error=error, spec=spec)
-                return _outbox_state(outbox_pk)
+                return
             if found is not None:
                 transitions.outbox_delivered(
                     claim=claim, outcome=_as_outcome(found), how="found by key after a lost answer"
                 )
-                return _outbox_state(outbox_pk)
+                return
             if claim.settle_from is not None and not _may_send_again(claim, spec):
-                return _outbox_state(outbox_pk)
+                return
         raw, error = _invoke(spec.call, ctx, claim=claim, point=message.step_name)
         if error is None:
             transitions.outbox_delivered(claim=claim, outcome=_as_outcome(raw), how="delivered")
@@ -591,9 +603,6 @@ def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
         failpoints.hit(message.step_name, "after_outcome")
     except LeaseLost as exc:
         log.warning("stopped publishing: %s", exc)
-    except (OperationalError, InterfaceError) as exc:
-        raise _database_unavailable(exc, f"outbox message {outbox_pk}") from exc
-    return _outbox_state(outbox_pk)
 
 
 def _may_send_again(claim: transitions.OutboxClaim, spec: StepSpec) -> bool:
