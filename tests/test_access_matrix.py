@@ -369,8 +369,11 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
         w.guarded.refresh_from_db()
     if needs == "unknown":
         from tests.support.models import RemoteObject
+        from tests.support.workflows import notify
 
         w.remote_message = f"msg-{RemoteObject.objects.get(kind='message').pk}"
+        # Its in-flight window has closed: "it did not happen" is then an operator's to say.
+        clock.set(w.unknown.steps.get(step_name="notify").last_attempt_at + notify.in_flight_bound())
     w.task_id = sandbox_services.create_task(key="k-0", title="t", assignee="a", payload={}).body["id"]
     w.sandbox_message = sandbox_services.send_message(to="a", text="hi", client_ref="c-0").body["id"]
     entry = sandbox_services.post_entry(
