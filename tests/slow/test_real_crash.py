@@ -3,35 +3,36 @@
 SPEC §4.1 and §4.2 with real processes: the receiver's commit survives in its own
 transaction, the dead worker's step is found `running` past its lease, treated as unknown,
 reconciled, and exactly one remote object exists.
+
+No assertion races the wall clock: the dead worker's lease is long (conftest.LEASE), and the
+processes that come after it run on an engine clock pinned to instants read from the run's own
+row — one second before its ``lease_expires_at`` (nobody may take it), one second after (the
+takeover).
 """
 
 import json
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
+from datetime import timedelta
 
 import pytest
 
 from recovery.models import RunState, StepState, WorkflowRun
-from tests.conftest import subprocess_env
+from recovery.transitions import claimable
+from tests.slow.conftest import LEASE, MARGIN, manage
 from tests.support import receivers
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-MANAGE = str(Path(__file__).resolve().parents[2] / "manage.py")
-LEASE = 2
+KIND = {"create_task": "task", "notify": "message", "post_entry": "ledger"}
 
 
-def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, MANAGE, *args],
-        env=subprocess_env(RECOVERY_LEASE_SECONDS=str(LEASE), **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def lease_of(run: WorkflowRun) -> tuple:
+    run.refresh_from_db()
+    return run.state, run.lease_owner, run.lease_generation, run.lease_expires_at, run.revision, run.updated_at
+
+
+def claimable_at(run: WorkflowRun, at) -> bool:
+    return WorkflowRun.objects.filter(claimable(at), pk=run.pk).exists()
 
 
 @pytest.mark.parametrize(
@@ -55,22 +56,43 @@ def test_worker_killed_at_a_failpoint_is_resumed_by_another_process_with_one_obj
     assert run.state == RunState.RUNNING
     assert run.steps.get(step_name=step).state == StepState.RUNNING
     expected_after_crash = 1 if point == "after_call" else 0
-    kind = {"create_task": "task", "notify": "message", "post_entry": "ledger"}[step]
+    kind = KIND[step]
     assert receivers.counts()[kind] == expected_after_crash
 
-    # Before the lease expires, nobody else may take the run: nothing is due.
-    early = manage("run_executor", "--until-idle")
-    assert early.returncode == 0 and "advanced 0 run" in early.stdout
-    time.sleep(LEASE + 0.5)
-    resumed = manage("run_executor", "--until-idle")
-    assert resumed.returncode == 0, resumed.stderr
+    # The dead worker still holds the run: its own lease, renewed at its last checkpoint for
+    # LEASE seconds. Claimable once that has passed, not a moment before (times from the row).
+    assert run.lease_owner == crashed.owner
+    assert run.lease_expires_at == run.updated_at + timedelta(seconds=LEASE)
+    expires, dead_generation = run.lease_expires_at, run.lease_generation
+    assert not claimable_at(run, run.updated_at)
+    assert not claimable_at(run, expires - MARGIN)
+    assert claimable_at(run, expires)
+
+    # Before the lease expires, nobody else may take the run: nothing is due, nothing changes.
+    held = lease_of(run)
+    events = run.audit_events.count()
+    early = manage("run_executor", "--until-idle", at=expires - MARGIN)
+    assert early.returncode == 0 and "advanced 0 run(s)" in early.stdout, early.stdout + early.stderr
+    assert lease_of(run) == held
+    assert run.audit_events.count() == events
+    assert run.steps.get(step_name=step).state == StepState.RUNNING
+    assert receivers.counts()[kind] == expected_after_crash
+
+    # Once it has expired, another process takes the run over and finishes it.
+    resumed = manage("run_executor", "--until-idle", at=expires + MARGIN)
+    assert resumed.returncode == 0 and "advanced 1 run(s)" in resumed.stdout, resumed.stdout + resumed.stderr
 
     run.refresh_from_db()
-    assert run.state == RunState.COMPLETED
+    assert run.state == RunState.COMPLETED, run.status_reason
     assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
     assert all(s.remote_ref for s in run.steps.filter(step_name__in=["create_task", "notify", "post_entry"]))
-    assert run.audit_events.filter(action="lease_takeover").count() == 1
     assert run.audit_events.filter(action="step_unknown", step_name=step).count() == 1
+    takeover = run.audit_events.get(action="lease_takeover")  # exactly one
+    assert takeover.before["lease_owner"] == crashed.owner
+    assert takeover.after["lease_owner"] == resumed.owner
+    assert takeover.at == expires + MARGIN
+    assert run.lease_generation == dead_generation + 1  # one claim since the crash: the takeover
+    assert (run.lease_owner, run.lease_expires_at) == ("", None)  # released on completion
 
 
 @pytest.mark.parametrize(
