@@ -920,7 +920,7 @@ def step_defer_reconcile(
 
 
 def in_flight_text(sent_at: datetime | None, until: datetime) -> str:
-    """"when the receiver can no longer commit the request sent at …" for a status line."""
+    """ "when the receiver can no longer commit the request sent at …" for a status line."""
     sent = f" sent at {sent_at:%H:%M:%S} UTC" if sent_at is not None else ""
     return f"at {until:%H:%M:%S} UTC, when the receiver can no longer commit the request{sent}"
 
@@ -1271,7 +1271,7 @@ def step_resolve(
 def _absent_too_early(
     run: WorkflowRun, step: StepExecution, actor: AbstractBaseUser | None, now: datetime
 ) -> str | None:
-    """"It did not happen" while the step's last request may still commit (its in-flight
+    """ "It did not happen" while the step's last request may still commit (its in-flight
     window is open, or unbounded) is a supervisor's call: the step would be performed again
     beside a request that can still land. Returns the window's end (None when it is closed)."""
     until = get_workflow(run.workflow_name).get_step(step.step_name).in_flight_until(step.last_attempt_at)
