@@ -63,8 +63,9 @@ def _check_timing(where: str, spec: StepSpec) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     timeout = spec.call_timeout()
     lease, beat = settings.RECOVERY_LEASE_SECONDS, settings.RECOVERY_HEARTBEAT_SECONDS
-    if spec.local:
-        return errors
+    makes_call = spec.is_decision or spec.rerun != Rerun.YES or spec.timeout is not None
+    if spec.local or not makes_call:
+        return errors  # nothing in flight elsewhere: a repeatable read outliving a lease doubles nothing
     if timeout + beat > lease:
         errors.append(
             checks.Error(

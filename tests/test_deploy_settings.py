@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def production_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SANDBOX_API_KEY"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SANDBOX_API_KEY", "RECOVERY_"))}
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         DJANGO_DEBUG="0",

@@ -221,7 +221,12 @@ def test_no_step_stays_running_past_its_lease(clock, monkeypatch):
     assert run_due() == 1  # the stalled run is due: its lease expired
     assert_invariants()
     run.refresh_from_db()
-    assert run.state == RunState.COMPLETED
+    # The dead worker may have sent its request: not running, unknown, and looked up again once
+    # that request can no longer commit (the in-flight window), not sent again before.
+    assert (run.state, step(run, "notify").state) == (RunState.WAITING, StepState.UNKNOWN)
+    assert receivers.counts()["message"] == 0
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED and receivers.counts()["message"] == 1
 
 
 def test_same_key_with_a_different_request_is_a_visible_conflict_not_a_replay(clock, monkeypatch):
