@@ -8,8 +8,10 @@ twice and through a mix of paths (the Celery task ``recovery.tasks.start_run``, 
 /api/events/invoice``, ``manage.py start_workflow``), and breaks things while it works: faults
 armed on the simulated services with ``manage.py sandbox fault`` every second or two, a random
 worker that is up SIGKILLed (its whole process group) every SOAK_KILL_EVERY seconds and
-restarted, and Redis killed and restarted once mid-run (whatever it held is lost; the sweeper
-must recover it).
+restarted, Redis killed and restarted once mid-run (whatever it held is lost; the sweeper must
+recover it), and the engine's database restarted once, at two thirds of the load (``pg_ctl
+restart``, ``-m fast`` for an even seed, ``-m immediate`` — a crash — for an odd one), with
+steps in flight: every session ends, the workers' kept connections with them.
 Then it clears the remaining faults, lets the workers finish, and checks what must hold: one run
 per event, no duplicate side effect, every run completed or in an explicit review state, nothing
 ``running`` past its lease, every completed run with its three remote references and exactly one
@@ -17,15 +19,18 @@ task, message and ledger entry, no object in the simulated systems that its step
 happened, and an audit trail consistent with each run's state. Each violation is printed on its
 own line (``VIOLATION …``); the last line is the summary:
 
-    soak: runs=<N> completed=<n> review=<n> kills=<n> faults=<n> duplicates=<n> stuck=<n>
-          redelivered=<n> executor_errors=<n> violations=<n> elapsed=<s>s      (one line)
+    soak: runs=<N> completed=<n> review=<n> kills=<n> faults=<n> db_restarts=<n> duplicates=<n>
+          stuck=<n> redelivered=<n> executor_errors=<n> violations=<n> elapsed=<s>s      (one line)
 
 ``executor_errors`` counts runs the engine sent to review with "executor error: …", which the
 engine itself treats as a bug in a workflow or in the engine: an explicit review state, so not a
-violation by the rules above, but printed (stderr) with the run and its reason.
+violation by the rules above, but printed (stderr) with the run and its reason. A database
+restart is infrastructure, not a workflow fault (``recovery.errors.DatabaseUnavailable``: the
+executor lets go of the run, the Celery tasks retry with backoff): it must not add any.
 
 Exit status: 0 no violation, 1 violations, 2 bad set-up (DATABASE_URL not PostgreSQL,
-redis-server not on PATH, a database that cannot be created or migrated).
+redis-server not on PATH, no PostgreSQL server binaries for the engine's own cluster, a
+database that cannot be created or migrated).
 
 Environment: SOAK_RUNS (500), SOAK_KILL_EVERY (3 seconds), SOAK_TIMEOUT (seconds to wait for
 quiescence after the load; max(600, N)), SOAK_KEEP=1 (keep the databases and the logs),
@@ -39,22 +44,32 @@ bounded because the sweeper queues a task for a run only when none is queued for
 RECOVERY_REDISPATCH_SECONDS (20 here). Workers keep their database connections
 (DATABASE_CONN_MAX_AGE=60); every child runs with DJANGO_DEBUG=0, as in production.
 
-Isolation. Only the PostgreSQL *server* of DATABASE_URL is used, never the databases named in
-DATABASE_URL or SANDBOX_DATABASE_URL: two throw-away databases, ``soak_<pid>`` and
-``soak_sandbox_<pid>``, are created (through the server's ``postgres`` maintenance database),
+Isolation. The soak restarts the engine's database, so that database lives on a PostgreSQL
+cluster of its own (tests/support/pgcluster.py: ``initdb`` in a temporary directory, a free port
+on 127.0.0.1, run as the ``postgres`` OS user when the soak is root), never on the machine's
+shared server: ``soak_<pid>`` is created there, and the cluster is stopped and removed at the
+end, also on failure or SIGTERM (SOAK_KEEP=1: stopped cleanly and its directory kept). The
+simulated systems' database stays on the PostgreSQL *server* of DATABASE_URL, and only the
+server is used, never the databases named in DATABASE_URL or SANDBOX_DATABASE_URL: a throw-away
+``soak_sandbox_<pid>`` is created (through the server's ``postgres`` maintenance database),
 migrated, and dropped at the end, also on failure (``DROP DATABASE … WITH (FORCE)``), unless
-SOAK_KEEP=1. CELERY_BROKER_URL from the environment is ignored on purpose: the soak kills and
-restarts its broker, so it starts a Redis of its own on a free port (bound to 127.0.0.1, no
-persistence) and never touches the machine's Redis. Every server binds 127.0.0.1; every child
-process runs in its own process group and is stopped at the end.
+SOAK_KEEP=1. It is not restarted on purpose: the tasks, messages and ledger services stand for
+other companies' systems, whose storage does not go down with the engine's; and the sandbox is
+the evidence the checks count duplicates in. (Restarting it too would make the simulated
+systems answer 500 for a few seconds: what a ``unavailable`` fault already does.)
+CELERY_BROKER_URL from the environment is ignored on purpose: the soak kills and restarts its
+broker, so it starts a Redis of its own on a free port (bound to 127.0.0.1, no persistence) and
+never touches the machine's Redis. Every server binds 127.0.0.1; every child process runs in its
+own process group and is stopped at the end.
 
-Events lost with the broker. A ``start_run`` message that Redis loses (restart) or that a
-SIGKILLed worker had taken can only be recovered by its sender: no run exists yet, so the
-sweeper cannot know about it. The producers therefore behave like an at-least-once queue: an
-event with no run is delivered again through the Celery task when its last delivery preceded the
-broker restart, or when the broker is drained and its last delivery is 15 s old (then 30 s, 60 s
-…); counted as ``redelivered``. Runs, steps and outbox messages, once committed, are the
-engine's to recover: nothing else is ever re-sent.
+Events lost with the broker. A ``start_run`` message that Redis loses (restart), that a
+SIGKILLed worker had taken, or that a worker consumed while the database was restarting (the
+task fails and is acknowledged: ``start_run`` does not retry) can only be recovered by its
+sender: no run exists yet, so the sweeper cannot know about it. The producers therefore behave
+like an at-least-once queue: an event with no run is delivered again through the Celery task
+when its last delivery preceded the broker restart, or when the broker is drained and its last
+delivery is 15 s old (then 30 s, 60 s …); counted as ``redelivered``. Runs, steps and outbox
+messages, once committed, are the engine's to recover: nothing else is ever re-sent.
 
 Audit check. "The last audit event's ``after.run`` equals the run's state" looks at the last
 event (in insertion order, which is serialised by the run's row lock) that records a run state:
@@ -80,6 +95,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter, defaultdict
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -112,6 +128,7 @@ SLOW_DELAYS_MS = (200, 500, 900, 1500, 2500)  # some past the adapters' 1 s time
 SETTLE_SECONDS = 15
 LATE_DELAYS_MS = (1500, 4000, 8000)
 REDELIVER_AFTER = 15.0
+DB_RESTART_MODES = ("fast", "immediate")  # pg_ctl restart -m …, by the seed's parity
 
 VENDORS = (
     "Acme Office Supplies GmbH",
@@ -219,6 +236,16 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def pgcluster():
+    """tests/support/pgcluster.py (the repository's root on sys.path: ``bench/soak.py`` is run as
+    a script, so only bench/ is there)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.support import pgcluster as module
+
+    return module
 
 
 def pg_connect(url: str):
@@ -329,18 +356,28 @@ class Soak:
         self.admin_url, self.url_template = postgres_server(os.environ.get("DATABASE_URL"))
         if not shutil.which("redis-server"):
             raise SetupError("soak needs redis-server on PATH (apt-get install redis-server)")
+        module = pgcluster()
+        try:
+            self.pg_bindir = module.check_available()
+        except module.ClusterUnavailable as exc:
+            raise SetupError(f"soak needs PostgreSQL's server binaries for the engine's own cluster: {exc}") from None
         self.db_name = f"soak_{self.pid}"
         self.sandbox_db_name = f"soak_sandbox_{self.pid}"
-        self.db_url = database_url_for(self.url_template, self.db_name)
+        self.db_url = ""  # on the soak's own cluster, once it is up (its port is free only then)
         self.sandbox_db_url = database_url_for(self.url_template, self.sandbox_db_name)
-        self.created_dbs: list[str] = []
+        self.created_dbs: list[str] = []  # on the server of DATABASE_URL
+        self.cleanup = ExitStack()  # the cluster
+        self.pg = None
+        # A restart (the chaos thread) and the final stop (the main thread, on SIGTERM too) never
+        # overlap: a ``pg_ctl start`` finishing after the stop would leave a server running.
+        self.pg_lock = threading.Lock()
+        self.pg_closed = False
         self.tmp = Path(tempfile.mkdtemp(prefix="soak-"))
         self.redis_port = free_port()
         self.server_port = free_port()
         self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.env = {k: v for k, v in os.environ.items() if k != "RECOVERY_FAILPOINTS"}
         self.env.update(
-            DATABASE_URL=self.db_url,
             SANDBOX_DATABASE_URL=self.sandbox_db_url,
             CELERY_BROKER_URL=self.redis_url,
             RECOVERY_EXECUTOR="celery",
@@ -379,6 +416,8 @@ class Soak:
         self.forbidden_left = max(3, cfg.runs // 50)
         self.redis_restarts = 0
         self.redis_restarted_at = 0.0
+        self.db_restarts = 0
+        self.chaos_failures: list[str] = []  # a restart that did not happen: a violation
         self.token = ""
         self.started = time.monotonic()
         self.load_started = 0.0
@@ -390,6 +429,7 @@ class Soak:
 
     def setup(self) -> None:
         log(f"seed {self.cfg.seed}; runs {self.cfg.runs}; logs in {self.tmp}")
+        self.start_cluster()
         self.create_databases()
         self.start_redis()
         self.migrate()
@@ -426,18 +466,53 @@ class Soak:
         self.beat.start()
         self.wait_workers_ready()
 
+    def start_cluster(self) -> None:
+        """The engine's database, on a throw-away cluster of the soak's own (it is restarted)."""
+        module = pgcluster()
+        try:
+            self.pg = self.cleanup.enter_context(module.cluster(skip=False, keep=self.cfg.keep))
+            self.pg.create_database(self.db_name)
+        except (module.ClusterUnavailable, RuntimeError, OSError) as exc:
+            log(f"the engine's cluster: {exc}")
+            raise SetupError(f"cannot start the soak's own PostgreSQL cluster: {exc}".splitlines()[0]) from None
+        self.db_url = self.pg.url(self.db_name)
+        self.env["DATABASE_URL"] = self.db_url
+        log(f"engine database {self.db_name} on a cluster of its own: 127.0.0.1:{self.pg.port} ({self.pg.bindir})")
+
+    def stop_cluster(self) -> None:
+        """Stopped and removed (SOAK_KEEP=1: stopped cleanly, kept); its server log goes with the soak's."""
+        pg = self.pg
+        if pg is not None and pg.log.exists():
+            try:
+                shutil.copyfile(pg.log, self.tmp / "postgres.log")
+            except OSError:
+                pass
+        try:
+            with self.pg_lock:
+                self.pg_closed = True
+                self.cleanup.close()
+        except Exception as exc:
+            log(f"could not stop the engine's cluster in {pg and pg.base}: {str(exc).splitlines()[0]}")
+            return
+        if pg is not None and self.cfg.keep:
+            as_user = "runuser -u postgres -- " if os.geteuid() == 0 else ""
+            log(
+                f"engine database kept: {self.db_name} in a stopped cluster, {pg.data}; start it with "
+                f"{as_user}{pg.bindir / 'pg_ctl'} -D {pg.data} -l {pg.log} start, then {pg.url(self.db_name)}"
+            )
+
     def create_databases(self) -> None:
+        """The simulated systems' database, on the server of DATABASE_URL (never restarted)."""
         from psycopg import sql
 
         try:
             with pg_connect(self.admin_url) as conn:
-                for name in (self.db_name, self.sandbox_db_name):
-                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-                    self.created_dbs.append(name)
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.sandbox_db_name)))
+                self.created_dbs.append(self.sandbox_db_name)
         except Exception as exc:
             where = redact(self.admin_url)
-            raise SetupError(f"cannot create the soak databases on {where}: {exc}".splitlines()[0]) from None
-        log(f"created databases {self.db_name} and {self.sandbox_db_name}")
+            raise SetupError(f"cannot create the soak database on {where}: {exc}".splitlines()[0]) from None
+        log(f"created database {self.sandbox_db_name} on {redact(self.admin_url).rsplit('/', 1)[0]}")
 
     def drop_databases(self) -> None:
         from psycopg import sql
@@ -714,9 +789,13 @@ class Soak:
     def chaos_kills(self) -> None:
         rng = random.Random(self.cfg.seed + 2)
         redis_at = self.load_started + self.cfg.load_seconds / 2
+        database_at = self.load_started + self.cfg.load_seconds * 2 / 3
         while not self.chaos_stop.wait(self.cfg.kill_every * rng.uniform(0.6, 1.4)):
             if not self.redis_restarts and time.monotonic() >= redis_at:
                 self.restart_redis()
+                continue
+            if not self.db_restarts and time.monotonic() >= database_at:
+                self.restart_database()
                 continue
             with self.lock:
                 if self.chaos_stop.is_set():
@@ -745,6 +824,50 @@ class Soak:
         self.redis_restarted_at = time.monotonic()
         self.redis_restarts += 1
         log("redis restarted on the same port")
+
+    def restart_database(self) -> None:
+        """``pg_ctl restart`` of the engine's cluster once every worker is up (holding its kept
+        connections; no kill happens meanwhile: this is the kill thread) and a step is in flight
+        under a live lease, within 20 s."""
+        assert self.pg is not None
+        mode = DB_RESTART_MODES[self.cfg.seed % 2]
+        in_flight: object = "?"
+        try:
+            with pg_connect(self.db_url) as conn:
+                deadline = time.monotonic() + 20
+                while True:
+                    in_flight = conn.execute(  # in a live executor's hands: its lease holds
+                        "SELECT count(*) FROM recovery_stepexecution s JOIN recovery_workflowrun r ON r.id = s.run_id "
+                        "WHERE s.state = 'running' AND r.lease_expires_at > now()"
+                    ).fetchone()[0]
+                    up = all(w.ready() for w in self.workers)
+                    if (in_flight and up) or time.monotonic() >= deadline or self.chaos_stop.is_set():
+                        break
+                    time.sleep(0.1)
+        except Exception as exc:
+            log(f"database: steps in flight not readable: {exc}")
+        ready = sum(w.ready() for w in self.workers)
+        log(
+            f"database: pg_ctl restart -m {mode} of the engine's cluster "
+            f"({in_flight} step(s) running, {ready}/{len(self.workers)} workers up)"
+        )
+        began = time.monotonic()
+        with self.pg_lock:
+            if self.pg_closed:
+                return
+            try:
+                self.pg.restart(mode=mode)
+            except Exception as exc:  # it would not stop or start: a violation, and try to bring it back
+                self.chaos_failures.append(f"database restart (-m {mode}) failed: {str(exc).splitlines()[0]}")
+                log(f"database restart failed: {exc}")
+                if not self.pg.running:
+                    try:
+                        self.pg.start()
+                    except Exception as again:
+                        log(f"database: the engine's cluster does not start again: {again}")
+                return
+        self.db_restarts += 1
+        log(f"database restarted (-m {mode}) in {time.monotonic() - began:.1f} s, same port")
 
     # --- the run ------------------------------------------------------------------------
 
@@ -777,6 +900,8 @@ class Soak:
             t.join(120)
         if not self.redis_restarts:  # a very short load: still restart the broker once
             self.restart_redis()
+        if not self.db_restarts and not self.chaos_failures:  # and the database
+            self.restart_database()
         left = self.clear_faults()
         log(f"chaos stopped: {self.kills} kills, {self.faults} faults armed ({left} units never fired, cleared)")
         for w in self.workers:
@@ -1115,6 +1240,7 @@ class Soak:
             "messages": sum(m[2] == "message" for m in messages),
             "ledger_entries": sum(e[2] == "entry" for e in entries),
         }
+        v.extend(self.chaos_failures)
         if not quiet:
             v.append(f"quiescence: not reached within SOAK_TIMEOUT={self.cfg.timeout:.0f} s")
         return v
@@ -1135,7 +1261,10 @@ class Soak:
                 + (" …" if len(events) > 20 else "")
             )
         fired = {m: self.fault_units[m] - self.fault_left[m] for m in sorted(self.fault_units)}
-        log(f"faults: {self.faults} armed, units fired by mode {fired}; redis restarts: {self.redis_restarts}")
+        log(
+            f"faults: {self.faults} armed, units fired by mode {fired}; redis restarts: {self.redis_restarts}; "
+            f"database restarts: {self.db_restarts} (-m {DB_RESTART_MODES[self.cfg.seed % 2]})"
+        )
         for death in self.worker_deaths:
             log(f"unexpected: {death}")
         for line in self.executor_errors:
@@ -1193,8 +1322,9 @@ def main() -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):  # let the clean-up finish
             signal.signal(sig, signal.SIG_IGN)
         soak.stop_children()
+        soak.stop_cluster()
         if cfg.keep:
-            log(f"databases kept: {redact(soak.db_url)} and {redact(soak.sandbox_db_url)}")
+            log(f"database kept: {redact(soak.sandbox_db_url)}")
         else:
             soak.drop_databases()
         if (cfg.keep or status != 0) and any(soak.tmp.iterdir()):
@@ -1210,7 +1340,7 @@ def main() -> int:
     elapsed = time.monotonic() - started
     print(
         f"soak: runs={s['runs']} completed={s['completed']} review={s['review']} kills={soak.kills} "
-        f"faults={soak.faults} duplicates={s['duplicates']} stuck={s['stuck']} "
+        f"faults={soak.faults} db_restarts={soak.db_restarts} duplicates={s['duplicates']} stuck={s['stuck']} "
         f"redelivered={len(set(soak.redelivered))} executor_errors={len(soak.executor_errors)} "
         f"violations={len(violations)} elapsed={elapsed:.0f}s",
         flush=True,

@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 import pydantic
+from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -35,6 +36,7 @@ from .workflow import Workflow, get_workflow
 log = logging.getLogger("recovery.api")
 
 MAX_BODY_BYTES = 256 * 1024
+RETRY_AFTER_SECONDS = 5  # what a 503 asks of the sender while the database is out of reach
 MAX_DEPTH = 32  # objects and arrays inside one another: an event, not a stress test for the encoders
 
 
@@ -73,6 +75,13 @@ def events(request: HttpRequest, workflow_name: str) -> JsonResponse:
         run, created = _start(workflow, data, actor=f"api:{token.name}")
     except ApiError as exc:
         return exc.response()
+    except (OperationalError, InterfaceError) as exc:
+        # The database is restarting or out of reach: nothing was written; the sender should try
+        # again (the same event is the same run), not take it as refused.
+        log.warning("event API: database unavailable: %s: %s", type(exc).__name__, exc)
+        connection.close()
+        unavailable = "the database is unavailable right now; nothing was written: send the event again"
+        return ApiError(503, unavailable, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}).response()
     log.info("event for %s from token %r: %s (%s)", workflow.name, token.name, run.workflow_id, created)
     return JsonResponse(
         {"workflow_id": run.workflow_id, "state": run.state, "created": created}, status=201 if created else 200

@@ -10,6 +10,8 @@ instead of being acknowledged and left for the sweeper's redispatch.
 import random
 
 from celery import shared_task
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
 
 from . import executor, transitions
 from .errors import DatabaseUnavailable
@@ -23,11 +25,16 @@ def database_backoff(retries: int) -> float:
     return min(60.0, 2.0**retries) * random.uniform(0.5, 1.0)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
-def start_run(workflow_name: str, event: dict) -> str:
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, max_retries=DB_RETRIES)
+def start_run(self, workflow_name: str, event: dict) -> str:
     """Consume a business event from the queue. Redelivery (or a duplicate event) gives the
-    same run: the unique workflow id decides. Returns the workflow id."""
-    run, _ = transitions.run_start(workflow=workflow_name, data=event)
+    same run: the unique workflow id decides. Returns the workflow id. An event that arrives
+    while the database is out of reach is tried again, never dropped."""
+    try:
+        run, _ = transitions.run_start(workflow=workflow_name, data=event)
+    except (OperationalError, InterfaceError) as exc:
+        connection.close()
+        raise self.retry(exc=exc, countdown=database_backoff(self.request.retries)) from exc
     return run.workflow_id
 
 
@@ -36,7 +43,9 @@ def advance_run(self, run_pk: int) -> None:
     try:
         executor.advance(run_pk)
     except DatabaseUnavailable as exc:
-        raise self.retry(exc=exc, countdown=database_backoff(self.request.retries)) from exc
+        # The lease this executor could not give back holds the run until it expires: not before.
+        countdown = max(database_backoff(self.request.retries), settings.RECOVERY_LEASE_SECONDS)
+        raise self.retry(exc=exc, countdown=countdown) from exc
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, max_retries=DB_RETRIES)
@@ -44,7 +53,8 @@ def publish_outbox(self, outbox_pk: int) -> None:
     try:
         executor.publish(outbox_pk)
     except DatabaseUnavailable as exc:
-        raise self.retry(exc=exc, countdown=database_backoff(self.request.retries)) from exc
+        countdown = max(database_backoff(self.request.retries), settings.RECOVERY_LEASE_SECONDS)
+        raise self.retry(exc=exc, countdown=countdown) from exc
 
 
 @shared_task(ignore_result=True)

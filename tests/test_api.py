@@ -262,3 +262,21 @@ def test_createoperator_refuses_bad_input_and_writes_nothing(args, message):
         run_cmd("createoperator", *args)
     assert not get_user_model().objects.exists()
     assert not Group.objects.exists()
+
+
+def test_a_database_out_of_reach_is_503_with_retry_after_and_the_same_event_later_starts_the_run(token, monkeypatch):
+    """A database restart under the API is not a 500: nothing was written, send it again."""
+    from django.db import OperationalError
+
+    from recovery import api
+
+    def down(**kwargs):
+        raise OperationalError("terminating connection due to administrator command")
+
+    monkeypatch.setattr(api, "run_start", down)
+    response = post(EVENT, token=token)
+    assert response.status_code == 503 and response["Retry-After"] == str(api.RETRY_AFTER_SECONDS)
+    assert "nothing was written" in response.json()["error"]
+    assert nothing_written()
+    monkeypatch.undo()
+    assert post(EVENT, token=token).status_code == 201

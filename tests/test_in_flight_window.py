@@ -207,6 +207,23 @@ def test_a_celery_task_that_cannot_reach_the_database_is_retried_not_acknowledge
     assert calls == [7, 7, 7]
 
 
+def test_an_event_consumed_while_the_database_is_out_of_reach_is_retried_not_dropped(monkeypatch):
+    calls = []
+    real = transitions.run_start
+
+    def run_start_once_down(**kwargs):
+        calls.append(kwargs["data"]["order_id"])
+        if len(calls) == 1:
+            raise OperationalError("connection refused")
+        return real(**kwargs)
+
+    monkeypatch.setattr(tasks.transitions, "run_start", run_start_once_down)
+    monkeypatch.setattr(tasks, "database_backoff", lambda retries: 0)
+    result = tasks.start_run.apply(args=["test_orders", {"tenant": "win", "order_id": "q-1"}])
+    assert result.successful() and calls == ["q-1", "q-1"]
+    assert WorkflowRun.objects.filter(workflow_id="order:win:q-1").count() == 1
+
+
 def test_the_database_backoff_grows_and_is_capped():
     from recovery.tasks import database_backoff
 

@@ -50,6 +50,22 @@ def find_bindir() -> Path:
     raise ClusterUnavailable("no PostgreSQL server binaries (initdb, pg_ctl, postgres) under /usr/lib/postgresql/*/bin")
 
 
+def check_available() -> Path:
+    """The bindir (``find_bindir``), once it is clear a cluster can be made here: as root, with
+    ``runuser`` and a ``postgres`` OS user to run it as. ClusterUnavailable with the reason if not.
+    For a caller outside pytest that must say so up front (bench/soak.py exits 2)."""
+    bindir = find_bindir()
+    _run_as_prefix()
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam(OS_USER)
+        except KeyError:
+            raise ClusterUnavailable(
+                f"running as root and there is no {OS_USER!r} OS user to run PostgreSQL as"
+            ) from None
+    return bindir
+
+
 def _version_key(path: str) -> tuple:
     version = Path(path).parent.name
     return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
@@ -196,9 +212,10 @@ def _handed_to_server_user(path: Path) -> None:
 
 
 @contextmanager
-def cluster(*, settings: dict[str, str] | None = None, skip: bool = True) -> Iterator[PgCluster]:
+def cluster(*, settings: dict[str, str] | None = None, skip: bool = True, keep: bool = False) -> Iterator[PgCluster]:
     """A started cluster, stopped (immediately) and removed on the way out, whatever happened.
-    Without the binaries: ``pytest.skip`` with the reason (``skip=False``: ClusterUnavailable)."""
+    Without the binaries: ``pytest.skip`` with the reason (``skip=False``: ClusterUnavailable).
+    ``keep=True``: stopped cleanly (``fast``) instead, and its directory left in place (``base``)."""
     try:
         bindir = find_bindir()
         _run_as_prefix()
@@ -226,6 +243,7 @@ def cluster(*, settings: dict[str, str] | None = None, skip: bool = True) -> Ite
     finally:
         try:
             if pg is not None:
-                pg.stop("immediate")
+                pg.stop("fast" if keep else "immediate")
         finally:
-            shutil.rmtree(base, ignore_errors=True)
+            if not (keep and pg is not None):
+                shutil.rmtree(base, ignore_errors=True)
