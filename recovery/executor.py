@@ -482,26 +482,31 @@ def _compensate_once(lease: Lease, plan: _Plan) -> bool:
 def _compensation_may_repeat(lease: Lease, spec: StepSpec, step: StepExecution) -> bool:
     """An earlier compensation request of this step got no answer (its executor was lost
     mid-call): send it again only once it can no longer commit, so that a compensation that
-    looks before it acts (has the correction been sent?) cannot miss it. Returns False when the
+    looks before it acts (has the correction been sent?) cannot miss it."""
+    return _window_closed(
+        lease,
+        spec,
+        step,
+        sent_at=step.compensation_sent_at,
+        unknown="the executor compensating this step was lost before recording the outcome",
+        waiting="compensation outcome unknown; trying again",
+    )
+
+
+def _window_closed(
+    lease: Lease, spec: StepSpec, step: StepExecution, *, sent_at: datetime | None, unknown: str, waiting: str
+) -> bool:
+    """Whether a compensation may go on although a request sent at ``sent_at`` got no answer:
+    only once that request can no longer commit. Before then the run waits for the window's end;
+    with no bound the compensation fails visibly (an operator checks). Returns False when the
     executor must let go now."""
-    until = spec.in_flight_until(step.compensation_sent_at)
+    until = spec.in_flight_until(sent_at)
     if until is None:
-        transitions.compensation_fail(
-            lease=lease,
-            step_name=step.step_name,
-            spec=spec,
-            error=UnknownOutcome("the executor compensating this step was lost before recording the outcome"),
-        )
+        transitions.compensation_fail(lease=lease, step_name=step.step_name, spec=spec, error=UnknownOutcome(unknown))
         return False
     if clock.now() < until:
-        transitions.run_wait(
-            lease=lease,
-            wake_at=until,
-            reason=(
-                f"{step.step_name}: compensation outcome unknown; trying again "
-                f"{transitions.in_flight_text(step.compensation_sent_at, until)}"
-            ),
-        )
+        reason = f"{step.step_name}: {waiting} {transitions.in_flight_text(sent_at, until)}"
+        transitions.run_wait(lease=lease, wake_at=until, reason=reason)
         return False
     return True
 
@@ -524,23 +529,17 @@ def _undeliver(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
             return None
         if found is not None:
             return _as_outcome(found).remote_ref
-        if message.settle_from is not None:
-            # An attempt whose outcome is unknown may still deliver it: "never sent" only after
-            # its in-flight window.
-            until = spec.in_flight_until(message.settle_from)
-            if until is None:
-                transitions.compensation_fail(
-                    lease=lease,
-                    step_name=step.step_name,
-                    spec=spec,
-                    error=UnknownOutcome("a delivery attempt's outcome is unknown and may land at any time"),
-                )
-                return None
-            if clock.now() < until:
-                window = transitions.in_flight_text(message.settle_from, until)
-                reason = f"{step.step_name}: not found yet; looking again {window}"
-                transitions.run_wait(lease=lease, wake_at=until, reason=reason)
-                return None
+        # An attempt whose outcome is unknown may still deliver it: "never sent" only after its
+        # in-flight window.
+        if message.settle_from is not None and not _window_closed(
+            lease,
+            spec,
+            step,
+            sent_at=message.settle_from,
+            unknown="a delivery attempt's outcome is unknown and may land at any time",
+            waiting="message not found yet; looking again",
+        ):
+            return None
     transitions.compensation_succeed(
         lease=lease,
         step_name=step.step_name,

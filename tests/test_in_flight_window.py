@@ -297,3 +297,41 @@ def test_the_publisher_does_not_send_again_while_a_lost_attempt_may_still_be_del
         assert (message.state, message.attempts, message.next_attempt_at) == ("pending", 1, until)
         assert AuditEvent.objects.filter(run=run, action="outbox_settle_wait").count() == 1
     assert [call for call in receivers.CALLS if call[0] == "tell"] == []  # nothing sent a second time
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
+def test_a_message_whose_delivery_is_in_flight_is_corrected_not_called_undelivered(clock, live_server, settings):
+    """Compensating a message the publisher sent but never heard back about: the look-up misses
+    while the messenger is still working on it. "Never delivered, nothing to correct" would
+    leave the approver with a message nobody corrects; the engine waits for the window, finds it,
+    and sends the correction."""
+    from sandbox import faults
+    from sandbox.models import Message, MessageKind
+
+    settings.SANDBOX_URL = live_server.url
+    faults.clear()
+    invoice = get_workflow("invoice")
+    notify = invoice.get_step("notify_approver")
+    world = Receivers(clock=clock)
+    event = {"tenant": "win", "invoice_id": "c-1", "text": "Desk lamp. Total due EUR 99.00"}
+    run, _ = run_start(workflow="invoice", data=event)
+    with inject(notify, "late_commit", "below", receivers=world):
+        for _ in range(3):  # the steps run; the publisher's attempt times out, the messenger still on it
+            advance(run.pk)
+            publish_due()
+        message = OutboxMessage.objects.get(run=run)
+        assert (message.state, message.settle_from) == ("pending", message.last_attempt_at)
+        transitions.run_compensate(workflow_id=run.workflow_id, actor=_person("sue", "supervisor"), reason="wrong")
+        for _ in range(3):
+            advance(run.pk)
+        run.refresh_from_db()
+        until = message.settle_from + notify.in_flight_bound()
+        assert (run.state, run.next_wake_at) == (RunState.COMPENSATING, until)
+        assert "notify_approver: message not found yet; looking again at" in run.status_reason
+        run = drive_with(run, clock, receivers=world, must_settle=True)
+    world.settle(everything=True)
+    assert run.state == RunState.COMPENSATED, run.status_reason
+    sent = Message.objects.using("sandbox")
+    assert sent.filter(kind=MessageKind.MESSAGE).count() == 1
+    assert sent.filter(kind=MessageKind.CORRECTION).count() == 1  # the message that landed is corrected
+    faults.clear()

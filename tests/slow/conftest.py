@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import subprocess_env
 
 MANAGE = str(Path(__file__).resolve().parents[2] / "manage.py")
@@ -61,3 +63,17 @@ def manage(*args: str, at: datetime | None = None, **env: str) -> Finished:
         proc.communicate()
         raise
     return Finished(proc.returncode, stdout, stderr, f"{socket.gethostname()}:{proc.pid}")
+
+
+@pytest.fixture
+def sandbox_manage(live_server):
+    """``manage`` with the live server's simulated systems as SANDBOX_URL; faults cleared before and after."""
+    from sandbox import faults
+
+    faults.clear()
+
+    def run(*args: str, **kwargs):
+        return manage(*args, SANDBOX_URL=live_server.url, **kwargs)
+
+    yield run
+    faults.clear()

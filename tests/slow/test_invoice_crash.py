@@ -17,7 +17,6 @@ from recovery.models import OutboxMessage, OutboxState, RunState, StepState, Wor
 from recovery.transitions import claimable, outbox_due
 from sandbox import faults
 from tests.slow.conftest import LEASE, MARGIN
-from tests.slow.conftest import manage as run_manage
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])]
 
@@ -27,14 +26,8 @@ PASSES = 20
 
 
 @pytest.fixture
-def manage(live_server):
-    faults.clear()
-
-    def run(*args: str, **kwargs):
-        return run_manage(*args, SANDBOX_URL=live_server.url, **kwargs)
-
-    yield run
-    faults.clear()
+def manage(sandbox_manage):
+    return sandbox_manage
 
 
 def crash(manage, wid: str, failpoint: str):

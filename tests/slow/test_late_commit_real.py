@@ -16,7 +16,6 @@ from django.utils import timezone
 from recovery.models import OutboxMessage, OutboxState, RunState, WorkflowRun
 from sandbox import faults
 from sandbox.models import Message
-from tests.slow.conftest import manage as run_manage
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])]
 
@@ -24,14 +23,8 @@ LATE_MS = 30_000  # the messenger commits 30 s after the request; our publisher 
 
 
 @pytest.fixture
-def manage(live_server):
-    faults.clear()
-
-    def run(*args: str, **kwargs):
-        return run_manage(*args, SANDBOX_URL=live_server.url, **kwargs)
-
-    yield run
-    faults.clear()
+def manage(sandbox_manage):
+    return sandbox_manage
 
 
 def test_a_message_committed_after_the_publisher_gave_up_is_found_not_sent_again(manage):
