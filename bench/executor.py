@@ -34,6 +34,12 @@ ours     The production code path: M runs started in bulk with ``recovery.transi
 ours_call  The same, with the steps declared as ordinary calls (BENCH_STEPS=call): the insert
          commits on its own outside any transaction, as a call to another system would, then
          the outcome is checkpointed — three commits per step.
+ours_call_nohb  Exactly ours_call, but with the heartbeat off (BENCH_HEARTBEAT=off): in each worker
+         process ``bench/executor_workflow.py``, imported by ``django.setup()``, replaces
+         ``recovery.heartbeat.held_run`` and ``held_claim`` with no-op context managers before the
+         executor runs (a switch of the bench's alone, no setting). The other engine contenders run
+         with BENCH_HEARTBEAT=on. Its purpose is the ``heartbeat cost`` below: local steps do not go
+         through the heartbeat, calls do (rule 12), so ours_call pays it and this one does not.
 dbos     DBOS Transact (the ``dbos`` package, 3.x): a ``@DBOS.workflow`` calling three
          ``@DBOS.step`` s. Steps, not transactions: DBOS 3 removed ``@DBOS.transaction`` with the
          application database (its successor, a datasource transaction, runs SERIALIZABLE and
@@ -85,6 +91,11 @@ for Celery's pool processes).
 Output: progress on stderr; on stdout a table (median and min–max over ``--repeat`` repetitions
 per contender and worker count), the ratios ours/other of the medians, and, as the last line,
 one JSON object with the 2-worker medians (or the first measured worker count without 2).
+With both ours_call and ours_call_nohb, also the heartbeat's cost per worker count:
+``heartbeat_cost`` = 1 - (ours_call steps/s / ours_call_nohb steps/s), of the medians, with the
+min–max of the same ratio per repetition (the two are measured back to back in each repetition,
+in alternating order, so that the machine's slow patches hit both alike); in the JSON line,
+``heartbeat_cost`` and ``heartbeat_cost_min``/``_max`` map each worker count to them.
 
 Isolation: only the *server* of ``--database-url`` (default DATABASE_URL, else
 postgres://postgres@127.0.0.1:5432/postgres) is used, through its ``postgres`` maintenance
@@ -108,7 +119,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,8 +133,10 @@ sys.path.insert(0, str(ROOT))  # the ``bench`` namespace package, also when run 
 from bench.executor_workers import FLUSH_STATS  # noqa: E402
 
 PY = sys.executable
-CONTENDERS = ("ours", "ours_call", "dbos", "celery", "ceiling")
-ENGINE = {"ours": "local", "ours_call": "call"}  # our contenders: how the bench workflow declares its steps
+CONTENDERS = ("ours", "ours_call", "ours_call_nohb", "dbos", "celery", "ceiling")
+# Our contenders: how the bench workflow declares its steps, and whether the heartbeat runs.
+ENGINE = {"ours": "local", "ours_call": "call", "ours_call_nohb": "call"}
+HEARTBEAT_OFF = {"ours_call_nohb"}
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 EFFECT_TABLE = (
     "CREATE TABLE bench_effect (key text PRIMARY KEY, run text NOT NULL, step text NOT NULL, "
@@ -138,6 +151,7 @@ COUNT_EFFECTS = "SELECT count(*) FROM bench_effect"
 FINISHED = {
     "ours": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
     "ours_call": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
+    "ours_call_nohb": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
     "dbos": "SELECT count(*) FILTER (WHERE status = 'SUCCESS'), count(*) FROM dbos.workflow_status",
     "ceiling": "SELECT count(*) FILTER (WHERE succeeded = 3), count(*) FROM "
     "(SELECT count(*) FILTER (WHERE state = 'succeeded') AS succeeded FROM bench_checkpoint GROUP BY run) AS runs",
@@ -165,6 +179,7 @@ class Sample:
     commits: int
     rollbacks: int
     worker_cpu: float | None  # CPU seconds of the worker processes (not PostgreSQL's), None for Celery
+    rep: int = 0  # the repetition, from 0
 
     @property
     def steps_per_s(self) -> float:
@@ -188,7 +203,7 @@ class Sample:
         called step's insert commits on its own (one per step, not the engine's)."""
         if self.contender not in ENGINE:
             return None
-        return (self.commits - (self.steps if self.contender == "ours_call" else 0)) / self.steps
+        return (self.commits - (self.steps if ENGINE[self.contender] == "call" else 0)) / self.steps
 
 
 @dataclass(frozen=True)
@@ -391,10 +406,11 @@ class Bench:
         """A hang guard, far above any plausible measurement."""
         return time.monotonic() + 120 + self.workflows
 
-    def django_env(self, database: str, steps: str = "local") -> dict[str, str]:
+    def django_env(self, database: str, steps: str = "local", heartbeat: bool = True) -> dict[str, str]:
         return {
             "BENCH_STEPS": steps,
             **os.environ,
+            "BENCH_HEARTBEAT": "on" if heartbeat else "off",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DJANGO_DEBUG": "0",
             "DJANGO_SECRET_KEY": "bench-executor",
@@ -450,10 +466,13 @@ class Bench:
             self._verify(contender, database)
         finally:
             self.server.drop(database)
-        return Sample(contender, workers, seconds, self.steps, commits, rollbacks, cpu)
+        return Sample(contender, workers, seconds, self.steps, commits, rollbacks, cpu, rep)
 
     def _run_processes(self, contender: str, database: str, workers: int, rep: int) -> tuple[float, int, int, float]:
-        env = self.django_env(database, ENGINE[contender]) if contender in ENGINE else dict(os.environ)
+        if contender in ENGINE:
+            env = self.django_env(database, ENGINE[contender], heartbeat=contender not in HEARTBEAT_OFF)
+        else:
+            env = dict(os.environ)
         procs = [
             self.children.start(
                 f"{contender}-w{workers}-r{rep}-{k}", self._worker_argv(contender, database, k, workers), env
@@ -586,14 +605,15 @@ def report(samples: list[Sample], args: argparse.Namespace, machine: str, start_
 
     print(f"executor benchmark: {args.workflows} workflows x 3 steps, median (min-max) of {args.repeat} run(s)")
     print(machine)
+    width = max([10, *(len(contender) + 1 for contender, _ in groups)])
     print(
-        f"{'contender':<10}{'workers':>8}{'steps/s':>10}  {'min-max':<15}{'pg commits/step':>16}"
+        f"{'contender':<{width}}{'workers':>8}{'steps/s':>10}  {'min-max':<15}{'pg commits/step':>16}"
         f"{'rollbacks/step':>15}{'commits_per_step':>17}{'worker CPU ms/step':>20}"
     )
     for (contender, workers), summary in sorted(groups.items(), key=lambda g: (CONTENDERS.index(g[0][0]), g[0][1])):
         low, high = summary.spread(lambda s: s.steps_per_s)
         print(
-            f"{contender:<10}{workers:>8}{summary.median(lambda s: s.steps_per_s):>10.1f}  "
+            f"{contender:<{width}}{workers:>8}{summary.median(lambda s: s.steps_per_s):>10.1f}  "
             f"{f'{low:.1f}-{high:.1f}':<15}{_cell(summary, lambda s: s.commits_per_step):>16}"
             f"{_cell(summary, lambda s: s.rollbacks_per_step):>15}"
             f"{_cell(summary, lambda s: s.engine_commits_per_step):>17}"
@@ -607,12 +627,19 @@ def report(samples: list[Sample], args: argparse.Namespace, machine: str, start_
         ]
         if ratios:
             print(f"ratios of medians, {workers} worker(s): " + ", ".join(ratios))
+    for workers in args.workers:
+        if (cost := heartbeat_cost(samples, workers)) is not None:
+            median, low, high = cost
+            print(
+                f"heartbeat cost, {workers} worker(s): {100 * median:.1f}% "
+                f"(1 - ours_call/ours_call_nohb, of the medians; per repetition {100 * low:.1f}% to {100 * high:.1f}%)"
+            )
     if start_seconds is not None:
         print(
             f"ours: run_start of {args.workflows} runs, one process, before timing: {start_seconds:.1f} s "
             f"({args.workflows / start_seconds:.0f} runs/s)"
         )
-    print(json.dumps(summary_json(groups, args, start_seconds)))
+    print(json.dumps(summary_json(groups, args, start_seconds, samples)))
 
 
 def _cell(summary: Summary, metric: Callable[[Sample], float | None]) -> str:
@@ -627,13 +654,27 @@ def _median_rate(groups: dict[tuple[str, int], Summary], contender: str, workers
     return summary.median(lambda s: s.steps_per_s) if summary else None
 
 
+def heartbeat_cost(samples: Sequence[Sample], workers: int) -> tuple[float, float, float] | None:
+    """1 - ours_call steps/s / ours_call_nohb steps/s at ``workers``: of the medians, then the
+    min and max of the same ratio within each repetition (its two measurements are back to back)."""
+    on = {s.rep: s.steps_per_s for s in samples if s.contender == "ours_call" and s.workers == workers}
+    off = {s.rep: s.steps_per_s for s in samples if s.contender == "ours_call_nohb" and s.workers == workers}
+    paired = [1 - on[rep] / off[rep] for rep in on.keys() & off.keys()]
+    if not paired:
+        return None
+    return 1 - statistics.median(on.values()) / statistics.median(off.values()), min(paired), max(paired)
+
+
 def _ratio(groups: dict[tuple[str, int], Summary], workers: int, other: str) -> float | None:
     ours, theirs = _median_rate(groups, "ours", workers), _median_rate(groups, other, workers)
     return ours / theirs if ours and theirs else None
 
 
 def summary_json(
-    groups: dict[tuple[str, int], Summary], args: argparse.Namespace, start_seconds: float | None
+    groups: dict[tuple[str, int], Summary],
+    args: argparse.Namespace,
+    start_seconds: float | None,
+    samples: Sequence[Sample] = (),
 ) -> dict[str, Any]:
     workers = 2 if 2 in args.workers else args.workers[0]
 
@@ -661,6 +702,9 @@ def summary_json(
         if other != "celery":
             result[f"{other}_cpu_ms_per_step"] = median(other, lambda s: s.cpu_ms_per_step)
     result["start_runs_per_s"] = round(args.workflows / start_seconds, 1) if start_seconds else None
+    costs = {str(n): cost for n in args.workers if (cost := heartbeat_cost(samples, n)) is not None}
+    for key, index in (("heartbeat_cost", 0), ("heartbeat_cost_min", 1), ("heartbeat_cost_max", 2)):
+        result[key] = {n: round(cost[index], 4) for n, cost in costs.items()} or None
     return result
 
 
@@ -691,9 +735,9 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
     contenders = [c for c in CONTENDERS if c in args.only]
     templates: dict[str, str] = {}
     start_seconds = None
-    if set(ENGINE) & set(contenders):  # one template of started runs serves both
-        templates["ours"], start_seconds = bench.template_ours()
-        templates["ours_call"] = templates["ours"]
+    if set(ENGINE) & set(contenders):  # one template of started runs serves all of them
+        template, start_seconds = bench.template_ours()
+        templates.update(dict.fromkeys(ENGINE, template))
     if "dbos" in contenders:
         templates["dbos"] = bench.template_dbos()
     if "celery" in contenders:
@@ -708,7 +752,7 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
         # Interleaved, so that a slow patch of the machine does not land on one contender.
         for rep in range(args.repeat):
             for workers in args.workers:
-                for contender in contenders:
+                for contender in _order(contenders, rep):
                     sample = bench.measure(contender, templates[contender], workers, rep)
                     log(
                         f"{contender} workers={workers} rep={rep + 1}: {sample.steps_per_s:.1f} steps/s, "
@@ -720,6 +764,15 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
         f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
     )
     report(samples, args, machine, start_seconds)
+
+
+def _order(contenders: list[str], rep: int) -> list[str]:
+    """The contenders in their order, except that ours_call and ours_call_nohb (adjacent in
+    CONTENDERS) swap places every other repetition: neither is always the first of the pair."""
+    if rep % 2 and "ours_call" in contenders and "ours_call_nohb" in contenders:
+        i = contenders.index("ours_call")
+        return [*contenders[:i], "ours_call_nohb", "ours_call", *contenders[i + 2 :]]
+    return contenders
 
 
 def main() -> None:

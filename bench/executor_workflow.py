@@ -8,6 +8,7 @@ package, importable because the project root is on ``sys.path``). The bench crea
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from django.db import connection
@@ -31,6 +32,22 @@ bench = Workflow("bench", version=1, input_schema=BenchInput, workflow_id=lambda
 # outside any transaction, so the insert commits on its own (three commits per step: intent,
 # effect, outcome).
 LOCAL = os.environ.get("BENCH_STEPS", "local") == "local"
+
+# BENCH_HEARTBEAT=off (the ``ours_call_nohb`` contender only; bench/executor.py sets "on" for the
+# others): the heartbeat is a no-op in this process, so that the bench can measure what it costs.
+# This module is imported by django.setup() (the recovery app's ready()), before the executor
+# runs; the executor calls ``heartbeat.held_run`` / ``heartbeat.held_claim`` through the module,
+# so replacing the module's two names is enough, and nothing is started for the heartbeat.
+HEARTBEAT = os.environ.get("BENCH_HEARTBEAT", "on")
+if HEARTBEAT not in ("on", "off"):
+    raise ValueError(f"BENCH_HEARTBEAT must be 'on' or 'off', not {HEARTBEAT!r}")
+if HEARTBEAT == "off":
+    from recovery import heartbeat
+
+    def _not_held(pk: int, generation: int) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    heartbeat.held_run = heartbeat.held_claim = _not_held
 
 
 def insert_effect(ctx: StepContext) -> Outcome:
