@@ -224,15 +224,11 @@ class Receivers:
         return any(now.get(what) != generation for what, generation in held.items())
 
 
-def _bound(spec: StepSpec) -> timedelta | None:
-    return spec.in_flight_bound()
-
-
 def _late_delay(spec: StepSpec, where: str) -> timedelta | None:
     """When the receiver commits a late request: half the bound, exactly at it, or (beyond it)
     never, as a receiver that keeps its declared bound abandons the request. A step without a
     bound waits for a commit that may come at any time."""
-    bound = _bound(spec)
+    bound = spec.in_flight_bound()
     if bound is None:
         return timedelta(seconds=UNBOUNDED_LATE_SECONDS)
     return {"below": bound / 2, "at": bound, "beyond": None}[where]

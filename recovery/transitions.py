@@ -1851,10 +1851,7 @@ def outbox_claim(*, pk: int, owner: str | None = None, now: datetime | None = No
         message = qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked).first()
         if message is None:
             return None
-        if message.claimed_by:
-            # The last publisher's claim expired before it recorded an outcome: its request may
-            # be in flight still, and commit until its in-flight window ends.
-            message.settle_from = message.last_attempt_at
+        _settle_from_lost_publisher(message)
         message.attempts += 1
         message.claimed_by = owner or default_owner()
         message.claimed_until = now + lease_duration()
@@ -1870,6 +1867,16 @@ def outbox_claim(*, pk: int, owner: str | None = None, now: datetime | None = No
             generation=message.claim_generation,
             settle_from=message.settle_from,
         )
+
+
+def _settle_from_lost_publisher(message: OutboxMessage) -> bool:
+    """A claim still set when the row is taken again means its publisher was lost before it
+    recorded an outcome: that attempt's request may be in flight still, and commit until its
+    in-flight window ends, so the window counts from it. Returns whether it was so."""
+    if not message.claimed_by:
+        return False
+    message.settle_from = message.last_attempt_at
+    return True
 
 
 def _locked_outbox(claim: OutboxClaim) -> tuple[WorkflowRun, OutboxMessage]:
@@ -2075,8 +2082,7 @@ def outbox_cancel(*, lease: Lease, step_name: str, now: datetime | None = None) 
             before = {"outbox": message.state}
             message.state = OutboxState.CANCELLED
             message.claim_generation += 1  # fences a publisher whose claim expired mid-call
-            if message.claimed_by:  # ...whose request may still be delivered
-                message.settle_from = message.last_attempt_at
+            if _settle_from_lost_publisher(message):
                 message.claimed_by, message.claimed_until = "", None
             message.next_attempt_at = None
             message.updated_at = now
