@@ -231,6 +231,10 @@ def bulk_apply(
     workflow_ids = list(dict.fromkeys(w for w in workflow_ids if w))[:BULK_LIMIT]
     if not workflow_ids:
         raise ValueError("select at least one run")
+    # No run's page can be addressed by such an id (nor can it be listed back with a link).
+    unaddressable = next((w for w in workflow_ids if any(c < " " or c == "\x7f" for c in w)), None)
+    if unaddressable is not None:
+        raise ValueError(f"a run id cannot contain a line break or another control character: {unaddressable!r}")
     result = BulkResult(action=action)
     for workflow_id in workflow_ids:
         try:

@@ -210,3 +210,14 @@ def test_dashboard_and_demo_pages(clock):
     failed_run(clock)
     assert "<svg" in login("viewer").get(reverse("console:dashboard")).text
     assert login("operator").get(reverse("console:demo")).status_code == 403
+
+
+def test_bulk_with_a_run_id_holding_a_line_break_is_400_with_a_message_and_changes_nothing(clock):
+    """Found by the fuzzer: such an id matched no run page, so listing it back crashed (500)."""
+    run = failed_run(clock)
+    before = AuditEvent.objects.count()
+    supervisor = login("supervisor")
+    data = {"action": "resume", "reason": "fuzz", "run": ["\n", run.workflow_id]}
+    response = supervisor.post(reverse("console:bulk"), data, headers={"HX-Request": "true"})
+    assert response.status_code == 400 and "line break" in response.text
+    assert AuditEvent.objects.count() == before and WorkflowRun.objects.get(pk=run.pk).state == run.state
