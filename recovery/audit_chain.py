@@ -191,7 +191,7 @@ class Event:
 
 def stored_chains(*, run: str | None = None, runs_per_batch: int = 1000, connection=None) -> Iterator[list[Event]]:
     """Each run's events in chain (id) order, a batch of runs at a time (memory stays flat;
-    each batch reads its runs' events through the (run, at, id) index)."""
+    each batch reads its runs' events through the (run, id) index)."""
     connection = connection or default_connection
     quote = connection.ops.quote_name
     last = 0
