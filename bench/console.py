@@ -62,7 +62,7 @@ from bench import seed  # noqa: E402
 from bench.server import Server, Session, create_supervisor, next_link  # noqa: E402
 
 TARGET_MS = 100.0
-COUNT_CAP = 10_000  # recovery.selectors.COUNT_CAP
+COUNT_CAP = 10_000  # recovery.console.selectors.COUNT_CAP
 TARGET_GROUPS = ("list", "filter", "search", "detail")
 FULL_COUNT = re.compile(r"\bCOUNT\(", re.IGNORECASE)
 DETAIL_BIG = "run: 1,000 audit events"

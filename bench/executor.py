@@ -16,10 +16,10 @@ has done its share; process start-up and teardown are not timed.
 
 The contenders, each with N worker processes (``--workers``, default 1,2,4):
 
-ours     The production code path: M runs started in bulk with ``recovery.transitions.run_start``
+ours     The production code path: M runs started in bulk with ``recovery.engine.transitions.run_start``
          *before* timing, once per invocation into a template database (that time, one process,
          is printed under the table and is not in steps/s), then N OS processes, each calling
-         ``recovery.executor.run_forever(until_idle=True, poll_seconds=0.05)`` after
+         ``recovery.engine.executor.run_forever(until_idle=True, poll_seconds=0.05)`` after
          ``django.setup()``, i.e. ``manage.py run_executor --until-idle --poll 0.05`` without
          Django's start-up inside the timing, until nothing is due. The workflow is
          ``bench/executor_workflow.py``, registered with
@@ -36,7 +36,7 @@ ours_call  The same, with the steps declared as ordinary calls (BENCH_STEPS=call
          the outcome is checkpointed — three commits per step.
 ours_call_nohb  Exactly ours_call, but with the heartbeat off (BENCH_HEARTBEAT=off): in each worker
          process ``bench/executor_workflow.py``, imported by ``django.setup()``, replaces
-         ``recovery.heartbeat.held_run`` and ``held_claim`` with no-op context managers before the
+         ``recovery.engine.heartbeat.held_run`` and ``held_claim`` with no-op context managers before the
          executor runs (a switch of the bench's alone, no setting). The other engine contenders run
          with BENCH_HEARTBEAT=on. Its purpose is the ``heartbeat cost`` below: local steps do not go
          through the heartbeat, calls do (rule 12), so ours_call pays it and this one does not.

@@ -66,7 +66,7 @@ def ours() -> None:
     setup_django()
     from django.db import connection
 
-    from recovery.executor import run_forever
+    from recovery.engine.executor import run_forever
 
     with connection.cursor() as cursor:
         cursor.execute(FLUSH_STATS)
@@ -78,7 +78,7 @@ def ours() -> None:
 
 def start(workflows: int) -> None:
     setup_django()
-    from recovery.transitions import run_start
+    from recovery.engine.transitions import run_start
 
     began = time.perf_counter()
     for i in range(workflows):

@@ -42,7 +42,7 @@ HEARTBEAT = os.environ.get("BENCH_HEARTBEAT", "on")
 if HEARTBEAT not in ("on", "off"):
     raise ValueError(f"BENCH_HEARTBEAT must be 'on' or 'off', not {HEARTBEAT!r}")
 if HEARTBEAT == "off":
-    from recovery import heartbeat
+    from recovery.engine import heartbeat
 
     def _not_held(pk: int, generation: int) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()

@@ -20,7 +20,7 @@ rows take about five minutes on two cores (280 s measured).
 The data (deterministic for a given ``--seed``): runs spread over ``--days`` days (newest last,
 ids in creation order), mostly completed; about 1% failed, compensated or terminated; the newest
 0.3% still live (pending, running with a valid lease, waiting for a retry); and 0.4% stuck
-(at least 12), covering every cause of ``recovery.selectors._stuck_causes``: needs review
+(at least 12), covering every cause of ``recovery.console.selectors._stuck_causes``: needs review
 (a refused message), unknown outcome (in review, and waiting for a deferred reconciliation),
 lease expired, retries exhausted, compensation failed, and model output invalid. Workflow ids
 look like ``invoice:<tenant>:<invoice number>``, idempotency keys are the engine's own

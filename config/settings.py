@@ -206,7 +206,7 @@ MIDDLEWARE.insert(
     MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
 )
-MIDDLEWARE.append("recovery.middleware.RejectNulCharactersMiddleware")
+MIDDLEWARE.append("recovery.console.middleware.RejectNulCharactersMiddleware")
 TEMPLATES[0]["OPTIONS"]["context_processors"].append("django.template.context_processors.csp")
 SECURE_CSP = {
     "default-src": [CSP.SELF],
@@ -237,7 +237,7 @@ SILENCED_SYSTEM_CHECKS = ["models.W040"]
 
 # --- Access control and production security (README "Security") ---------------------------
 # One block on purpose: Content-Security-Policy lives in its own block, maintained apart.
-AUTHENTICATION_BACKENDS = ["recovery.login_throttle.ThrottledModelBackend"]
+AUTHENTICATION_BACKENDS = ["recovery.console.login_throttle.ThrottledModelBackend"]
 # A username with this many failed logins in the last RECOVERY_LOGIN_LOCKOUT_SECONDS is refused
 # (429, even with the right password) until fewer remain in that window; a success resets it.
 # Counted in the database, so every web process sees the same failures.

@@ -1,13 +1,13 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from recovery import auth_views
+from recovery.console import auth_views
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("sandbox/", include("sandbox.urls")),
-    path("api/", include("recovery.urls")),
-    path("", include("recovery.console_urls")),
+    path("api/", include("recovery.api.urls")),
+    path("", include("recovery.console.urls")),
 ]

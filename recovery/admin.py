@@ -1,10 +1,10 @@
 from django.contrib import admin
 
-from .models import ApiToken, AuditEvent, ModelDecision, OutboxMessage, StepExecution, WorkflowRun
+from recovery.models import ApiToken, AuditEvent, ModelDecision, OutboxMessage, StepExecution, WorkflowRun
 
 
 class ReadOnly(admin.ModelAdmin):
-    """State changes go through recovery.transitions only; the admin is for reading."""
+    """State changes go through recovery.engine.transitions only; the admin is for reading."""
 
     def has_add_permission(self, request):
         return False

@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.core import checks
 
-from .workflow import Reconcile, Rerun, StepSpec, all_workflows
+from recovery.workflow import Reconcile, Rerun, StepSpec, all_workflows
 
 
 @checks.register()

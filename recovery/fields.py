@@ -25,7 +25,7 @@ class CanonicalJSONField(models.JSONField):
     On PostgreSQL the column is ``json``, not ``jsonb``: ``json`` keeps the text exactly as it
     was written, where ``jsonb`` reorders keys and adds spaces. The audit export relies on it:
     PostgreSQL streams ``before`` and ``after`` as stored, and they are what the Python
-    formatter writes (recovery.exports). Nothing queries inside these documents, which is
+    formatter writes (recovery.engine.audit.export). Nothing queries inside these documents, which is
     what ``jsonb`` is for. On SQLite a JSON field is text anyway; it is canonical text too."""
 
     def db_type(self, connection):

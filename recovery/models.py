@@ -1,4 +1,4 @@
-"""The engine's durable state. Only ``recovery.transitions`` changes a run or a step."""
+"""The engine's durable state. Only ``recovery.engine.transitions`` changes a run or a step."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from django.conf import settings
 from django.db import models
 from simple_history.models import HistoricalRecords
 
-from .errors import ErrorKind
-from .fields import CanonicalJSONField
+from recovery.errors import ErrorKind
+from recovery.fields import CanonicalJSONField
 
 
 class RunState(models.TextChoices):
@@ -180,7 +180,7 @@ FAILURE_ACTIONS = ["step_fail", "step_unknown", "outbox_retry"]
 
 class AuditEvent(models.Model):
     """Append-only: one row per transition, written in the transition's transaction. The
-    database refuses to update or delete one (triggers, recovery.audit_chain), and chains each
+    database refuses to update or delete one (triggers, recovery.engine.audit.chain), and chains each
     run's events by hash."""
 
     # Indexes cost every checkpoint: run is indexed by audit_run_id_idx, actor_user only where set.
@@ -196,7 +196,7 @@ class AuditEvent(models.Model):
     before = CanonicalJSONField(default=dict)
     after = CanonicalJSONField(default=dict)
     at = models.DateTimeField()
-    # Tamper evidence (recovery.audit_chain): set by the database as the row is inserted, over
+    # Tamper evidence (recovery.engine.audit.chain): set by the database as the row is inserted, over
     # the event's content and the hash of the run's previous event. Never written by Python.
     prev_hash = models.CharField(max_length=64, blank=True, default="", db_default="", editable=False)
     hash = models.CharField(max_length=64, blank=True, default="", db_default="", editable=False)
@@ -299,7 +299,7 @@ class ApiToken(models.Model):
 
 class LoginFailure(models.Model):
     """One failed login for a username, kept in the database so that every web process counts
-    the same failures (recovery.login_throttle). No password, no IP: the name and the time."""
+    the same failures (recovery.console.login_throttle). No password, no IP: the name and the time."""
 
     username = models.CharField(max_length=150)  # casefolded, as login_throttle.normalise makes it
     at = models.DateTimeField()
@@ -322,7 +322,7 @@ class ApprovalState(models.TextChoices):
 
 class ApprovalRequest(models.Model):
     """Four-eyes (``Workflow(four_eyes=…)``): an operator action on a run that waits for a
-    second supervisor. Written only by recovery.transitions (approval_request, approval_grant,
+    second supervisor. Written only by recovery.engine.transitions (approval_request, approval_grant,
     approval_reject), each with its own audit event."""
 
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="approvals")

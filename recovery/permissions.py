@@ -26,7 +26,7 @@ REQUIRED_ROLE: dict[str, Role] = {
     "retry": Role.OPERATOR,
     "compensate": Role.SUPERVISOR,
     "terminate": Role.SUPERVISOR,
-    "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.transitions.approval_grant)
+    "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.engine.transitions.approval_grant)
     "bulk": Role.SUPERVISOR,
     "sandbox": Role.SUPERVISOR,
 }

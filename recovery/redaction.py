@@ -68,7 +68,7 @@ DEFAULT_FIELDS: tuple[str, ...] = (
 
 _URLSAFE = r"[A-Za-z0-9_-]"
 DEFAULT_PATTERNS: dict[str, str] = {
-    # recovery.tokens: "rc_" + secrets.token_urlsafe(32) (43 characters)
+    # recovery.api.tokens: "rc_" + secrets.token_urlsafe(32) (43 characters)
     "ingestion_token": rf"(?<![A-Za-z0-9])rc_{_URLSAFE}{{40,}}",
     "bearer": r"(?i:\bbearer)\s+[A-Za-z0-9._~+/=-]{8,}",
     "openai_key": rf"(?<![A-Za-z0-9])sk-{_URLSAFE}{{20,}}",

@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from .errors import RETRYABLE_KINDS, ErrorKind, StepError
+from recovery.errors import RETRYABLE_KINDS, ErrorKind, StepError
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from . import executor, transitions
-from .errors import DatabaseUnavailable
+from recovery.engine import executor, transitions
+from recovery.errors import DatabaseUnavailable
 
 DB_RETRIES = 8  # 1, 2, 4 … 60 s: about five minutes of outage; after that, the sweeper
 

@@ -56,14 +56,14 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from . import clock as engine_clock
-from . import failpoints
-from . import heartbeat as engine_heartbeat
-from .errors import PermanentError, RateLimited, TransientError, UnknownOutcome
-from .executor import advance, publish_due
-from .models import OutboxMessage, OutboxState, RunState, StepExecution, StepState, WorkflowRun
-from .transitions import TERMINAL_RUN_STATES, run_compensate, run_start
-from .workflow import Rerun, StepSpec, Workflow, get_workflow
+from recovery import clock as engine_clock
+from recovery.engine import failpoints
+from recovery.engine import heartbeat as engine_heartbeat
+from recovery.engine.executor import advance, publish_due
+from recovery.engine.transitions import TERMINAL_RUN_STATES, run_compensate, run_start
+from recovery.errors import PermanentError, RateLimited, TransientError, UnknownOutcome
+from recovery.models import OutboxMessage, OutboxState, RunState, StepExecution, StepState, WorkflowRun
+from recovery.workflow import Rerun, StepSpec, Workflow, get_workflow
 
 CRASH = "crash"
 FAULTS = (

@@ -32,8 +32,8 @@ import pydantic
 from django.conf import settings
 from django.db import models
 
-from . import redaction
-from .retries import DEFAULT_POLICY, RetryPolicy
+from recovery import redaction
+from recovery.retries import DEFAULT_POLICY, RetryPolicy
 
 
 class Rerun(models.TextChoices):
@@ -258,7 +258,7 @@ class Workflow:
         ``four_eyes``: the operator actions that need a second supervisor's approval before
         they run (``FOUR_EYES_ACTIONS``: ``compensate``, ``terminate``, ``resolve_happened`` —
         "mark succeeded"); ``True`` for all of them. One person requests, another approves
-        (recovery.transitions.approval_request / approval_grant)."""
+        (recovery.engine.transitions.approval_request / approval_grant)."""
         self.name = name
         self.version = version
         self._workflow_id = workflow_id

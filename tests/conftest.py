@@ -8,7 +8,8 @@ from django.conf import settings
 from django.db import connection
 
 from recovery import clock as engine_clock
-from recovery import failpoints, testing
+from recovery import testing
+from recovery.engine import failpoints
 from recovery.models import WorkflowRun
 from recovery.testing import MovableClock
 from tests.support import receivers
@@ -50,7 +51,7 @@ def crash_at(monkeypatch, failpoint: str, call: Callable[[], Any]) -> None:
 def advance_as_dying_workers(run: WorkflowRun, clock: MovableClock, rounds: int) -> WorkflowRun:
     """``rounds`` executors in turn, each taking the run over once the last one's lease has
     expired; an armed failpoint's raise ends an executor as a crash would."""
-    from recovery.executor import advance
+    from recovery.engine.executor import advance
 
     for _ in range(rounds):
         try:
@@ -131,7 +132,7 @@ def _flushable_audit_on_sqlite():
     from django.db import connections
     from django.test import TransactionTestCase
 
-    from recovery import audit_chain
+    from recovery.engine.audit import chain as audit_chain
 
     original = TransactionTestCase._fixture_teardown
 

@@ -25,7 +25,9 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from recovery import services, tokens
+from recovery.api import tokens
+from recovery.console import services
+from recovery.engine.transitions import approval_request, run_start, run_version
 from recovery.models import (
     ApiToken,
     ApprovalRequest,
@@ -37,7 +39,6 @@ from recovery.models import (
     WorkflowRun,
 )
 from recovery.permissions import Role
-from recovery.transitions import approval_request, run_start, run_version
 from sandbox import faults
 from sandbox import services as sandbox_services
 from sandbox.models import Fault, IdempotencyRecord, LedgerEntry, Message, Task
@@ -198,7 +199,7 @@ MATRIX: list[Row] = [
         {**READ, "POST": 200},
         url=lambda w: "/login/",
         body=lambda w: {"username": "nobody", "password": "wrong"},
-        changes=True,  # the failure is counted (recovery.login_throttle)
+        changes=True,  # the failure is counted (recovery.console.login_throttle)
     ),
     Row("logout", "logout", PUBLIC, {"POST": 302}, url=lambda w: "/logout/", changes="session"),
     # --- the event API -------------------------------------------------------------------
@@ -483,7 +484,7 @@ def test_every_console_form_needs_the_csrf_token(row, clock, monkeypatch):
 
 def test_the_admin_is_read_only_even_for_a_superuser(clock, monkeypatch):
     """A superuser reaches the admin, but it refuses every add, change and delete of the engine's
-    and the sandbox's rows (state changes go through recovery.transitions only)."""
+    and the sandbox's rows (state changes go through recovery.engine.transitions only)."""
     w = make_world(clock, monkeypatch, needs="")
     admin = get_user_model().objects.create_superuser("root", password="pw")
     client = Client()

@@ -13,9 +13,9 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from recovery import workflow as registry
-from recovery.api import MAX_BODY_BYTES
+from recovery.api.tokens import issue_token
+from recovery.api.views import MAX_BODY_BYTES
 from recovery.models import ApiToken, AuditEvent, StepExecution, WorkflowRun
-from recovery.tokens import issue_token
 from recovery.workflow import Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
@@ -268,7 +268,7 @@ def test_a_database_out_of_reach_is_503_with_retry_after_and_the_same_event_late
     """A database restart under the API is not a 500: nothing was written, send it again."""
     from django.db import OperationalError
 
-    from recovery import api
+    from recovery.api import views as api
 
     def down(**kwargs):
         raise OperationalError("terminating connection due to administrator command")

@@ -1,4 +1,4 @@
-"""The audit trail's integrity is kept by the database (recovery.audit_chain): events cannot be
+"""The audit trail's integrity is kept by the database (recovery.engine.audit.chain): events cannot be
 updated or deleted, and each run's events form a hash chain that ``verify_audit`` walks — in
 the database, or offline in a JSON Lines export — reporting the first broken link."""
 
@@ -13,9 +13,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from recovery import audit_chain
+from recovery.engine.audit import chain as audit_chain
+from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, WorkflowRun
-from recovery.transitions import run_start
 from tests.conftest import drive
 
 pytestmark = pytest.mark.django_db

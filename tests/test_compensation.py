@@ -4,11 +4,11 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from recovery import failpoints, transitions
+from recovery.engine import failpoints, transitions
+from recovery.engine.executor import advance
+from recovery.engine.transitions import run_start
 from recovery.errors import InvalidTransition
-from recovery.executor import advance
 from recovery.models import AuditEvent, RunState, StepState
-from recovery.transitions import run_start
 from recovery.workflow import CompensationPolicy
 from tests.conftest import assert_invariants, drive
 from tests.support import receivers, workflows

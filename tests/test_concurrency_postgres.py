@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 from django.db import connections
 
-from recovery import audit_chain
-from recovery.executor import advance
+from recovery.engine.audit import chain as audit_chain
+from recovery.engine.executor import advance
+from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, StepExecution, WorkflowRun
-from recovery.transitions import run_start
 from tests.support import receivers
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -103,7 +103,7 @@ def test_executors_side_by_side_take_different_runs_and_perform_each_step_once(p
     """The embedded executor's loop (run_due: claim the oldest due run, SKIP LOCKED) in four
     threads over twenty runs: every run completed, every step performed once, and no run
     claimed twice (a claim another executor already made is skipped, not retried)."""
-    from recovery.executor import run_due
+    from recovery.engine.executor import run_due
 
     monkeypatch.setenv("RECOVERY_FAILPOINTS", "*:before_call=sleep(5)")
     for i in range(20):

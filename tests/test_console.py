@@ -10,8 +10,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from recovery.engine.transitions import run_start, run_version
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
-from recovery.transitions import run_start, run_version
 from tests.conftest import drive
 from tests.support import receivers, workflows
 from tests.support.models import RemoteObject

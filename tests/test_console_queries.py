@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from recovery import clock as engine_clock
-from recovery import selectors
+from recovery.console import selectors
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.permissions import Role, role_of
 from tests.test_console import failed_run, login

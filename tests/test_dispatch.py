@@ -9,9 +9,9 @@ the soak run the real broker)."""
 import pytest
 
 from recovery import tasks
-from recovery.executor import advance
+from recovery.engine.executor import advance
+from recovery.engine.transitions import run_start
 from recovery.models import RunState, WorkflowRun
-from recovery.transitions import run_start
 from tests.conftest import drive
 from tests.support import receivers
 

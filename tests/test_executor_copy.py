@@ -5,11 +5,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from recovery import transitions
+from recovery.engine import transitions
+from recovery.engine.executor import advance
+from recovery.engine.transitions import _save_run, leased_run, run_claim, run_start
 from recovery.errors import LeaseLost
-from recovery.executor import advance
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
-from recovery.transitions import leased_run, run_claim, run_start
 from recovery.workflow import Outcome
 from tests.support import receivers
 
@@ -56,7 +56,7 @@ def test_a_run_saved_by_someone_else_is_read_again_before_the_next_checkpoint(cl
     step.result = {"text": "changed elsewhere"}
     step.save(update_fields=["result"])
     other = WorkflowRun.objects.get(pk=run.pk)
-    transitions._save_run(other, [], clock.now())
+    _save_run(other, [], clock.now())
 
     transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
 
@@ -119,7 +119,7 @@ def test_a_transition_refused_by_an_out_of_date_copy_is_decided_on_the_fresh_row
     lease = run_claim(run_pk=run.pk)
     _, steps = leased_run(lease)
     steps[0].state = StepState.SUCCEEDED  # the copy says "read" is done; the database says pending
-    transitions._save_run(WorkflowRun.objects.get(pk=run.pk), [], clock.now())  # someone else saved the run
+    _save_run(WorkflowRun.objects.get(pk=run.pk), [], clock.now())  # someone else saved the run
 
     step = transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
 

@@ -19,10 +19,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from recovery import exports
-from recovery.exports import COLUMNS, AuditFilters, audit_events, csv_lines, jsonl_lines, parse_filters
+from recovery.engine.audit import export as exports
+from recovery.engine.audit.export import COLUMNS, AuditFilters, audit_events, csv_lines, jsonl_lines, parse_filters
+from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, WorkflowRun
-from recovery.transitions import run_start
 from tests.conftest import drive
 
 pytestmark = pytest.mark.django_db
@@ -190,7 +190,7 @@ def _previous_lines(fmt: str, events) -> list[str]:
     """The export as it was written before it read plain rows: from model instances, each row
     a dict, ``before``/``after`` re-encoded by ``json.dumps`` (kept to prove the output did not
     change by a byte)."""
-    from recovery.exports import FORMULA_TRIGGERS, _Echo
+    from recovery.engine.audit.export import FORMULA_TRIGGERS, _Echo
 
     def row(event):
         return {

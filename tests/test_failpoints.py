@@ -1,6 +1,6 @@
 import pytest
 
-from recovery import failpoints
+from recovery.engine import failpoints
 
 
 def test_failpoints_are_inert_unless_armed(monkeypatch):

@@ -7,10 +7,10 @@ the outcome AND counts what must not exist: tasks, messages, ledger entries, mod
 import pytest
 from django.conf import settings
 
+from recovery.engine.executor import advance
+from recovery.engine.transitions import run_start
 from recovery.errors import ErrorKind
-from recovery.executor import advance
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState, WorkflowRun
-from recovery.transitions import run_start
 from tests.conftest import advance_as_dying_workers, assert_invariants, crash_at, drive
 from tests.support import receivers
 from tests.support.workflows import FAST
@@ -198,7 +198,7 @@ def test_same_event_started_twice_is_one_run_with_one_copy_of_each_effect(clock)
 def test_worker_paused_past_its_lease_cannot_write_after_takeover(clock, monkeypatch):
     """A fenced write: the old lease's generation no longer matches, so the slow worker's
     outcome is refused and exactly one task exists."""
-    from recovery import transitions
+    from recovery.engine import transitions
     from recovery.errors import LeaseLost
 
     run = start()
@@ -216,7 +216,7 @@ def test_no_step_stays_running_past_its_lease(clock, monkeypatch):
     run = start()
     crash_at(monkeypatch, "notify:before_call", lambda: advance(run.pk))
     clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
-    from recovery.executor import run_due
+    from recovery.engine.executor import run_due
 
     assert run_due() == 1  # the stalled run is due: its lease expired
     assert_invariants()

@@ -11,10 +11,10 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from recovery import audit_chain
+from recovery.engine.audit import chain as audit_chain
+from recovery.engine.transitions import run_claim, run_start
 from recovery.fields import canonical_json
 from recovery.models import AuditEvent
-from recovery.transitions import run_claim, run_start
 from tests.conftest import drive
 
 pytestmark = pytest.mark.django_db

@@ -12,10 +12,9 @@ from django.db import IntegrityError, transaction
 from django.test import Client
 from django.urls import reverse
 
-from recovery import audit_chain, selectors, services
-from recovery.errors import ApprovalRequired, InvalidTransition
-from recovery.models import ApprovalRequest, ApprovalState, AuditEvent, RunState, StepState, WorkflowRun
-from recovery.transitions import (
+from recovery.console import selectors, services
+from recovery.engine.audit import chain as audit_chain
+from recovery.engine.transitions import (
     approval_grant,
     approval_reject,
     approval_request,
@@ -25,6 +24,8 @@ from recovery.transitions import (
     run_version,
     step_resolve,
 )
+from recovery.errors import ApprovalRequired, InvalidTransition
+from recovery.models import ApprovalRequest, ApprovalState, AuditEvent, RunState, StepState, WorkflowRun
 from recovery.workflow import Workflow
 from tests.conftest import drive
 from tests.support import receivers, workflows

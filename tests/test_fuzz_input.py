@@ -24,10 +24,10 @@ from django.urls import reverse
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from recovery.api import MAX_BODY_BYTES
+from recovery.api.tokens import issue_token
+from recovery.api.views import MAX_BODY_BYTES
+from recovery.engine.transitions import run_start, run_version
 from recovery.models import ApiToken, AuditEvent, ModelDecision, StepExecution, WorkflowRun
-from recovery.tokens import issue_token
-from recovery.transitions import run_start, run_version
 from sandbox.models import Fault
 from tests.conftest import drive
 from tests.support import hostile, receivers, workflows

@@ -13,10 +13,10 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
+from recovery.api.tokens import issue_token
+from recovery.console.selectors import RunFilters
+from recovery.engine.transitions import run_version
 from recovery.models import ApiToken, AuditEvent, StepExecution, WorkflowRun
-from recovery.selectors import RunFilters
-from recovery.tokens import issue_token
-from recovery.transitions import run_version
 from sandbox.models import Fault
 from tests.support import hostile
 from tests.test_console import act, failed_run, login, unknown_run

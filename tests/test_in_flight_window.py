@@ -11,13 +11,14 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.db import OperationalError
 
-from recovery import heartbeat, tasks, transitions
+from recovery import tasks
+from recovery.engine import heartbeat, transitions
+from recovery.engine.executor import advance, publish_due
+from recovery.engine.transitions import run_claim, run_start
 from recovery.errors import DatabaseUnavailable, InvalidTransition, UnknownOutcome
-from recovery.executor import advance, publish_due
 from recovery.models import AuditEvent, OutboxMessage, RunState, StepState, WorkflowRun
 from recovery.testing import Receivers, inject
 from recovery.testing import drive as drive_with
-from recovery.transitions import run_claim, run_start
 from recovery.workflow import get_workflow
 from tests.conftest import assert_invariants, drive
 from tests.support import receivers

@@ -10,9 +10,10 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connections
 
-from recovery import failpoints, transitions
+from recovery.engine import failpoints, transitions
+from recovery.engine.executor import advance, publish_due
+from recovery.engine.transitions import run_start
 from recovery.errors import ErrorKind
-from recovery.executor import advance, publish_due
 from recovery.models import (
     AuditEvent,
     DecisionState,
@@ -24,7 +25,6 @@ from recovery.models import (
     StepState,
     WorkflowRun,
 )
-from recovery.transitions import run_start
 from recovery.workflow import CompensationPolicy
 from sandbox import faults
 from tests.conftest import crash_at, drive, lease_expired_running_steps
@@ -314,7 +314,7 @@ def test_a_slow_receiver_past_the_timeout_is_unknown_then_found(clock):
 
 def test_outbox_publisher_killed_before_sending_delivers_once_later(clock, monkeypatch):
     """The crash between the commit of the outbox row and the publish."""
-    from recovery.executor import publish_due
+    from recovery.engine.executor import publish_due
 
     run = start()
     advance(run.pk)  # the run enqueues the message and goes on to the ledger
@@ -332,7 +332,7 @@ def test_outbox_publisher_killed_before_sending_delivers_once_later(clock, monke
 
 
 def test_outbox_publisher_killed_after_sending_never_sends_twice(clock, monkeypatch):
-    from recovery.executor import publish_due
+    from recovery.engine.executor import publish_due
 
     run = start()
     advance(run.pk)
@@ -369,7 +369,7 @@ def test_compensating_a_message_not_yet_delivered_cancels_it_instead_of_correcti
         "corrections": 0,
         "ledger_reversals": 1,
     }
-    from recovery.executor import publish_due
+    from recovery.engine.executor import publish_due
 
     assert publish_due() == 0 and faults.counts()["messages"] == 0  # never sent afterwards
 

@@ -6,12 +6,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from recovery import failpoints
+from recovery.engine import failpoints
+from recovery.engine.executor import advance
+from recovery.engine.transitions import run_start
 from recovery.errors import TransientError
-from recovery.executor import advance
 from recovery.models import AuditEvent, RunState, StepState
 from recovery.testing import fault_matrix
-from recovery.transitions import run_start
 from tests.conftest import advance_as_dying_workers, drive
 from tests.support.models import RemoteObject
 from tests.support.workflows import FAST

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from recovery import login_throttle
+from recovery.console import login_throttle
 from recovery.models import LoginFailure
 
 pytestmark = pytest.mark.django_db

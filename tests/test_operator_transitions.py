@@ -4,11 +4,11 @@ executor uses; finished runs do not move without one."""
 import pytest
 from django.contrib.auth import get_user_model
 
-from recovery import transitions
+from recovery.engine import transitions
+from recovery.engine.executor import advance
+from recovery.engine.transitions import run_start
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost
-from recovery.executor import advance
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState
-from recovery.transitions import run_start
 from tests.conftest import assert_invariants, crash_at, drive
 from tests.support import receivers
 

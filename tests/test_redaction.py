@@ -22,10 +22,11 @@ from django.core.management import call_command
 from django.db import connections
 from django.test import Client
 
-from recovery import tokens, transitions
+from recovery.api import tokens
+from recovery.engine import transitions
+from recovery.engine.audit.export import AuditFilters, export_chunks
+from recovery.engine.executor import advance
 from recovery.errors import PermanentError, TransientError, UnknownOutcome
-from recovery.executor import advance
-from recovery.exports import AuditFilters, export_chunks
 from recovery.models import (
     AuditEvent,
     DecisionState,
@@ -174,7 +175,7 @@ def test_the_console_handler_redacts_and_every_record_is_redacted_where_it_is_cr
     settings.OPENAI_API_KEY = KEY
     console = next(h for h in logging.getLogger("recovery").handlers if isinstance(h, logging.StreamHandler))
     assert any(isinstance(f, RedactingFilter) for f in console.filters)
-    for name in ("recovery.executor", "workflows.invoice.model", "django.request", "celery.worker"):
+    for name in ("recovery.engine.executor", "workflows.invoice.model", "django.request", "celery.worker"):
         with caplog.at_level(logging.INFO, logger=name):
             logging.getLogger(name).warning("key %s, Authorization: Bearer abcdefghijkl", KEY)
     assert len(caplog.records) == 4

@@ -10,12 +10,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from recovery import clock as engine_clock
-from recovery import failpoints, transitions
+from recovery.engine import failpoints, transitions
+from recovery.engine.executor import advance, publish_due
+from recovery.engine.transitions import TERMINAL_RUN_STATES, run_start
 from recovery.errors import InvalidTransition
-from recovery.executor import advance, publish_due
 from recovery.models import RunState, StepState, WorkflowRun
 from recovery.testing import MovableClock
-from recovery.transitions import TERMINAL_RUN_STATES, run_start
 from recovery.workflow import compensation_key
 from tests.support import receivers
 from tests.support.models import RemoteObject

@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-from recovery import audit_chain
+from recovery.engine.audit import chain as audit_chain
 
 BATCH = 5000
 

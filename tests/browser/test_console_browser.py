@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
+from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
-from recovery.transitions import run_start
 from tests.browser.conftest import needs_chromium
 from tests.conftest import drive
 from tests.support import receivers, workflows

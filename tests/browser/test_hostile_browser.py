@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
+from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, WorkflowRun
-from recovery.transitions import run_start
 from sandbox.models import Fault
 from tests.browser.conftest import needs_chromium
 from tests.conftest import drive

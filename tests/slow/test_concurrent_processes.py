@@ -12,10 +12,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connections
 
-from recovery import transitions
+from recovery.engine import transitions
+from recovery.engine.transitions import run_start, run_version
 from recovery.errors import InvalidTransition
 from recovery.models import AuditEvent, RunState, StepExecution, WorkflowRun
-from recovery.transitions import run_start, run_version
 from tests.conftest import drive, subprocess_env
 from tests.support import receivers
 
@@ -26,8 +26,8 @@ CONSUMER = """
 import os, sys, time
 import django
 django.setup()
-from recovery.executor import advance, publish_due
-from recovery.transitions import run_start
+from recovery.engine.executor import advance, publish_due
+from recovery.engine.transitions import run_start
 start_at = float(sys.argv[1])
 time.sleep(max(0.0, start_at - time.time()))
 for i in range(25):  # this process's share of the 100 deliveries

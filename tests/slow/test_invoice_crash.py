@@ -13,8 +13,8 @@ from datetime import timedelta
 
 import pytest
 
+from recovery.engine.transitions import claimable, outbox_due
 from recovery.models import OutboxMessage, OutboxState, RunState, StepState, WorkflowRun
-from recovery.transitions import claimable, outbox_due
 from sandbox import faults
 from tests.slow.conftest import LEASE, MARGIN
 

@@ -16,8 +16,8 @@ from datetime import timedelta
 
 import pytest
 
+from recovery.engine.transitions import claimable
 from recovery.models import RunState, StepState, WorkflowRun
-from recovery.transitions import claimable
 from tests.slow.conftest import LEASE, MARGIN, manage
 from tests.support import receivers
 

@@ -14,8 +14,8 @@ from django.contrib.auth.models import Group
 from django.utils import timezone
 from django.utils.html import escape
 
+from recovery.engine.transitions import run_start, run_terminate, step_resolve
 from recovery.models import DecisionState, ModelDecision, OutboxMessage, StepExecution, WorkflowRun
-from recovery.transitions import run_start, run_terminate, step_resolve
 from tests.support import receivers, workflows
 
 SCRIPT = "<script>window.__xss=1</script>"

@@ -1,12 +1,12 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
-from recovery import transitions
+from recovery.console.services import PERMISSION_OF
+from recovery.engine import transitions
 from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.models import ApprovalRequest, ApprovalState, WorkflowRun
 from recovery.permissions import can
-from recovery.services import PERMISSION_OF
 
 
 class Command(RecoveryCommand):

@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 
+from recovery.api.tokens import issue_token
 from recovery.management.base import RecoveryCommand
-from recovery.tokens import issue_token
 
 
 class Command(RecoveryCommand):

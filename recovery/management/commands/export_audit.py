@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.core.management.base import CommandError
 
-from recovery import exports
+from recovery.engine.audit import export as exports
 from recovery.management.base import RecoveryCommand
 
 

@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
-from recovery import transitions
+from recovery.engine import transitions
 from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun

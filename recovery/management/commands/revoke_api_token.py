@@ -1,8 +1,8 @@
 from django.core.management.base import CommandError
 
+from recovery.api.tokens import revoke_token
 from recovery.management.base import RecoveryCommand
 from recovery.models import ApiToken
-from recovery.tokens import revoke_token
 
 
 class Command(RecoveryCommand):

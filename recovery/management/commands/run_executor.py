@@ -2,8 +2,8 @@ import os
 
 from django.core.management.base import CommandError
 
-from recovery import failpoints
-from recovery.executor import run_forever
+from recovery.engine import failpoints
+from recovery.engine.executor import run_forever
 from recovery.management.base import RecoveryCommand
 
 

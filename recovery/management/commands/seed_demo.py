@@ -30,8 +30,8 @@ from django.core.wsgi import get_wsgi_application
 from django.utils import timezone
 
 from recovery import clock as engine_clock
-from recovery import failpoints, transitions
-from recovery.executor import advance, publish
+from recovery.engine import failpoints, transitions
+from recovery.engine.executor import advance, publish
 from recovery.management.base import RecoveryCommand
 from recovery.management.commands.createoperator import ROLES, create_operator
 from recovery.models import OutboxMessage, RunState, WorkflowRun

@@ -2,9 +2,9 @@ import json
 
 from django.core.management.base import CommandError
 
+from recovery.console.selectors import run_document
 from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
-from recovery.selectors import run_document
 
 
 class Command(RecoveryCommand):

@@ -2,9 +2,9 @@ import json
 
 from django.core.management.base import CommandError
 
+from recovery.engine.transitions import run_start
 from recovery.errors import StartConflict
 from recovery.management.base import RecoveryCommand
-from recovery.transitions import run_start
 from recovery.workflow import get_workflow
 
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from django.core.management.base import CommandError
 
-from recovery import audit_chain
+from recovery.engine.audit import chain as audit_chain
 from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
 

@@ -31,8 +31,8 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import DatabaseError, connection
 
-from . import clock
-from .models import OutboxMessage, OutboxState, RunState, WorkflowRun
+from recovery import clock
+from recovery.models import OutboxMessage, OutboxState, RunState, WorkflowRun
 
 log = logging.getLogger("recovery.heartbeat")
 

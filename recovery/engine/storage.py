@@ -5,7 +5,7 @@ of those writes costs a few hundred microseconds of Python (query compilation, s
 more than the database round trip. These functions build the same statement once per model
 and column set, and adapt every value with its field's own ``get_db_prep_save``, so a row
 ends up exactly as the ORM would have written it, on SQLite as on PostgreSQL. Only
-``recovery.transitions`` calls them, on the default database.
+``recovery.engine.transitions`` calls them, on the default database.
 
 On PostgreSQL they run as prepared statements (unless ``RECOVERY_PREPARED_STATEMENTS=0``):
 the executor runs the same few statements thousands of times, and planning a claim or a
@@ -168,7 +168,7 @@ def _checkpoint_sql(
     step_names: tuple[str, ...],
     audit_names: tuple[str, ...],
 ) -> tuple[str, Columns, Columns, Columns]:
-    from .models import AuditEvent, StepExecution, WorkflowRun
+    from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
@@ -194,7 +194,7 @@ def claim(
     generation, write the ``claim`` (or ``lease_takeover``) audit event, and read the run and
     its steps back, with whether it was taken over from another owner. None if nothing was
     picked. The same transition as ``transitions._claim`` writes on other databases."""
-    from .models import AuditEvent, RunState, StepExecution, WorkflowRun
+    from recovery.models import AuditEvent, RunState, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
     sql, run_fields, step_fields = _claim_sql(pick_sql)
@@ -259,7 +259,7 @@ def _json_object(members: dict[str, str]) -> str:
 
 @cache
 def _claim_sql(pick_sql: str) -> tuple[str, Fields, Fields]:
-    from .models import AuditEvent, StepExecution, WorkflowRun
+    from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name

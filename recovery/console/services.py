@@ -12,10 +12,12 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count
 from django.db.models.functions import TruncHour
 
-from . import clock, selectors, transitions
-from .errors import ApprovalRequired, InvalidTransition
-from .models import FAILURE_ACTIONS, AuditEvent, RunState, StepExecution, StepState, WorkflowRun
-from .permissions import can
+from recovery import clock
+from recovery.console import selectors
+from recovery.engine import transitions
+from recovery.errors import ApprovalRequired, InvalidTransition
+from recovery.models import FAILURE_ACTIONS, AuditEvent, RunState, StepExecution, StepState, WorkflowRun
+from recovery.permissions import can
 
 # console action -> the permission it needs (recovery.permissions.REQUIRED_ROLE)
 PERMISSION_OF = {
@@ -27,7 +29,7 @@ PERMISSION_OF = {
     "compensate": "compensate",
     "terminate": "terminate",
     # four-eyes: deciding a request needs a supervisor — to approve, another one than the
-    # requester (recovery.transitions checks that too, and the database)
+    # requester (recovery.engine.transitions checks that too, and the database)
     "approve": "approve",
     "reject": "approve",
 }
@@ -73,7 +75,7 @@ def apply_action(
 def _decide(
     action: str, request_id: str | None, *, workflow_id: str, actor: AbstractBaseUser, reason: str, expect: str | None
 ) -> str:
-    from .models import ApprovalRequest
+    from recovery.models import ApprovalRequest
 
     pk = request_id if isinstance(request_id, str) and request_id.isdigit() and len(request_id) < 19 else None
     request = ApprovalRequest.objects.filter(pk=pk, run__workflow_id=workflow_id).first() if pk else None
@@ -221,7 +223,7 @@ def bulk_apply(
     if action not in BULK_ACTIONS:
         raise ValueError(f"bulk action must be one of {', '.join(BULK_ACTIONS)}")
     try:
-        reason = transitions._require_reason(reason)  # refused once, not once per run
+        reason = transitions.require_reason(reason)  # refused once, not once per run
     except InvalidTransition as exc:
         raise ValueError(str(exc)) from None
     if all_matching:

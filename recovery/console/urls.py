@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import export_views, views
+from recovery.console import export_views, views
 
 app_name = "console"
 

@@ -27,11 +27,11 @@ from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import tokens
-from .errors import StartConflict
-from .models import WorkflowRun
-from .transitions import run_start
-from .workflow import Workflow, get_workflow
+from recovery.api import tokens
+from recovery.engine.transitions import run_start
+from recovery.errors import StartConflict
+from recovery.models import WorkflowRun
+from recovery.workflow import Workflow, get_workflow
 
 log = logging.getLogger("recovery.api")
 

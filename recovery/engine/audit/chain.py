@@ -38,12 +38,12 @@ from typing import Any
 
 from django.db import connection as default_connection
 
-from .fields import canonical_json
+from recovery.fields import canonical_json
 
 TABLE = "recovery_auditevent"
 RUN_TABLE = "recovery_workflowrun"
 
-# The export's columns that are hashed, in order (recovery.exports.COLUMNS).
+# The export's columns that are hashed, in order (recovery.engine.audit.export.COLUMNS).
 HASHED = ("at", "workflow_id", "workflow", "step", "actor", "action", "reason", "before", "after")
 
 

@@ -14,11 +14,12 @@ from django.urls import reverse
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import reswap, retarget
 
-from . import clock, selectors, services
-from .errors import InvalidTransition, RunChanged
-from .models import WorkflowRun
-from .permissions import can, role_of
-from .transitions import run_version
+from recovery import clock
+from recovery.console import selectors, services
+from recovery.engine.transitions import run_version
+from recovery.errors import InvalidTransition, RunChanged
+from recovery.models import WorkflowRun
+from recovery.permissions import can, role_of
 
 
 def require_methods(*methods: str):

@@ -9,8 +9,8 @@ from urllib.parse import urlencode
 
 from django.db.models import Q
 
-from .errors import ErrorKind
-from .models import DecisionState, RunState, StepExecution, StepState, WorkflowRun
+from recovery.errors import ErrorKind
+from recovery.models import DecisionState, RunState, StepExecution, StepState, WorkflowRun
 
 
 def run_document(workflow_id: str) -> dict[str, Any]:
@@ -262,7 +262,7 @@ def _state_only(cond: Q) -> str | None:
 
 
 def workflow_names() -> list[str]:
-    from .workflow import all_workflows
+    from recovery.workflow import all_workflows
 
     return [wf.name for wf in all_workflows()]
 
@@ -298,7 +298,7 @@ TIMELINE_ACTIONS = {
 
 def run_detail(workflow_id: str) -> dict[str, Any]:
     """Everything the run page shows, in a constant number of queries."""
-    from .workflow import get_workflow
+    from recovery.workflow import get_workflow
 
     run = WorkflowRun.objects.get(workflow_id=workflow_id)
     steps = list(run.steps.order_by("position"))

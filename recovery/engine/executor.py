@@ -21,8 +21,10 @@ from typing import Any
 import pydantic
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from . import clock, failpoints, heartbeat, transitions
-from .errors import (
+from recovery import clock
+from recovery.engine import failpoints, heartbeat, transitions
+from recovery.engine.transitions import DONE_STEP_STATES, Lease
+from recovery.errors import (
     DatabaseUnavailable,
     ErrorKind,
     InvalidModelOutput,
@@ -33,7 +35,7 @@ from .errors import (
     UnknownOutcome,
     classify,
 )
-from .models import (
+from recovery.models import (
     DecisionState,
     ModelDecision,
     OutboxMessage,
@@ -43,9 +45,8 @@ from .models import (
     StepState,
     WorkflowRun,
 )
-from .redaction import redact_text
-from .transitions import DONE_STEP_STATES, Lease
-from .workflow import (
+from recovery.redaction import redact_text
+from recovery.workflow import (
     CompensationPolicy,
     Outcome,
     Reconcile,

@@ -15,8 +15,8 @@ from datetime import datetime
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .models import ApiToken
-from .workflow import get_workflow
+from recovery.models import ApiToken
+from recovery.workflow import get_workflow
 
 TOKEN_PREFIX = "rc_"
 MAX_TOKEN_LENGTH = 200  # anything longer is not one of ours: refused without a query

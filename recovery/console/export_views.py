@@ -1,14 +1,14 @@
 """The audit trail download (SPEC §1 auditors): ``GET /audit/export?format=csv|jsonl&run=…&since=…
-&until=…&workflow=…&actor=…&action=…``, streamed. The rules live in ``recovery.exports``."""
+&until=…&workflow=…&actor=…&action=…``, streamed. The rules live in ``recovery.engine.audit.export``."""
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, StreamingHttpResponse
 from django.views.decorators.cache import never_cache
 
-from . import exports
-from .permissions import can
-from .views import require_GET
+from recovery.console.views import require_GET
+from recovery.engine.audit import export as exports
+from recovery.permissions import can
 
 
 @require_GET

@@ -1,4 +1,4 @@
-"""Log in and log out. Login is throttled (recovery.login_throttle): a locked-out username gets
+"""Log in and log out. Login is throttled (recovery.console.login_throttle): a locked-out username gets
 the form back with 429 and when to try again. Both answer only the methods they use."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import math
 from django.contrib.auth import views as auth_views
 from django.http import HttpResponse
 
-from . import clock, login_throttle
+from recovery import clock
+from recovery.console import login_throttle
 
 
 class LoginView(auth_views.LoginView):

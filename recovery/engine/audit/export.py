@@ -4,7 +4,7 @@
 Columns, in this order: ``at`` (ISO 8601, UTC, always with microseconds), ``workflow_id``,
 ``workflow`` (the run's workflow name), ``step``, ``actor``, ``action``, ``reason``, ``before``,
 ``after`` (the state before and after, as compact JSON with sorted keys), ``event_id``, and
-``prev_hash`` and ``hash``, the event's link in its run's hash chain (recovery.audit_chain:
+``prev_hash`` and ``hash``, the event's link in its run's hash chain (recovery.engine.audit.chain:
 an auditor verifies a JSON Lines export offline with ``verify_audit --file``).
 
 Filters (all optional, combined with AND): ``run`` (one workflow id), ``since`` (inclusive) and
@@ -44,9 +44,9 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 from django.db.models import BooleanField, DateTimeField, F, Func, Q, QuerySet, TextField, Value
 
-from . import clock
-from .fields import canonical_json
-from .models import AuditEvent, WorkflowRun
+from recovery import clock
+from recovery.fields import canonical_json
+from recovery.models import AuditEvent, WorkflowRun
 
 BATCH_SIZE = 2000
 

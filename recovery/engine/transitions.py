@@ -28,8 +28,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max, Q
 
-from . import clock, permissions, redaction, rows
-from .errors import (
+from recovery import clock, permissions, redaction
+from recovery.engine import dispatch, storage
+from recovery.errors import (
     ApprovalRequired,
     ErrorKind,
     InvalidTransition,
@@ -39,7 +40,7 @@ from .errors import (
     StepError,
     TransientError,
 )
-from .models import (
+from recovery.models import (
     ApprovalRequest,
     ApprovalState,
     AuditEvent,
@@ -52,8 +53,8 @@ from .models import (
     StepState,
     WorkflowRun,
 )
-from .redaction import redact_text
-from .workflow import Outcome, Reconcile, StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
+from recovery.redaction import redact_text
+from recovery.workflow import Outcome, Reconcile, StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
 
 log = logging.getLogger("recovery.transitions")
 
@@ -198,7 +199,7 @@ def _audit(
     step_name: str = "",
     reason: str = "",
 ) -> None:
-    rows.insert(AuditEvent, _audit_row(run, action, _actor_fields(actor), step_name, reason, before, after, now))
+    storage.insert(AuditEvent, _audit_row(run, action, _actor_fields(actor), step_name, reason, before, after, now))
 
 
 def _audit_row(
@@ -346,7 +347,7 @@ def _step_transition(
 ) -> StepExecution:
     """Run ``body`` as a transition of one step (see ``_leased_step``). With ``one_statement``
     (a body that only changes the step, and the run through ``_save_run``), on PostgreSQL,
-    under a current copy: the whole transition as one statement (``rows.checkpoint``); if
+    under a current copy: the whole transition as one statement (``storage.checkpoint``); if
     its fence does not match, the copy is dropped and the transition runs the ordinary way."""
     now = now or clock.now()
     if one_statement and connection.vendor == "postgresql":
@@ -387,7 +388,7 @@ def _one_statement(
             assert obj is run or obj is step, "a one-statement transition saves only its run and its step"
             (run_fields if obj is run else step_fields).update(fields)
         after = {**_snap(run, step), **change.extra}
-        written = rows.checkpoint(
+        written = storage.checkpoint(
             run.pk,
             {name: getattr(run, name) for name in run_fields},
             {"lease_generation": lease.generation, "revision": revision, "state": LEASED_RUN_STATES},
@@ -414,10 +415,10 @@ def _fenced_run(lease: Lease, now: datetime, step_name: str) -> WorkflowRun:
     fenced = run is not None and "steps" in lease.seen
     if fenced:
         fence = {"lease_generation": lease.generation, "revision": run.revision, "state": LEASED_RUN_STATES}
-        fenced = rows.update(WorkflowRun, lease.run_pk, changes, **fence) == 1
+        fenced = storage.update(WorkflowRun, lease.run_pk, changes, **fence) == 1
     if not fenced:
         run = _locked_run(lease)
-        rows.update(WorkflowRun, run.pk, changes)
+        storage.update(WorkflowRun, run.pk, changes)
     for name, value in changes.items():
         setattr(run, name, value)
     return run
@@ -441,7 +442,7 @@ def _save(obj: WorkflowRun | StepExecution, fields: set[str], actor: AbstractBas
         return
     if actor is None:
         # The engine's own checkpoint: one UPDATE, no saved version (see _history_user).
-        rows.update(type(obj), obj.pk, {name: getattr(obj, name) for name in fields})
+        storage.update(type(obj), obj.pk, {name: getattr(obj, name) for name in fields})
     else:
         _history_user(obj, actor)
         obj.save(update_fields=sorted(fields))
@@ -471,25 +472,6 @@ def _release_into(run: WorkflowRun, target: RunState, *, wake_at: datetime | Non
     run.lease_expires_at = None
     run.next_wake_at = wake_at
     run.status_reason = redact_text(reason)
-
-
-def _enqueue_on_commit(run_pk: int) -> None:
-    if settings.RECOVERY_EXECUTOR == "celery":
-        from .tasks import advance_run
-
-        # Stamped in the same transaction, so the sweeper does not queue a second task for it.
-        WorkflowRun.objects.filter(pk=run_pk).update(dispatched_at=clock.now())
-        # robust: a broker that is down right now must not undo or misreport a committed change;
-        # the sweeper finds the run later.
-        transaction.on_commit(lambda: advance_run.delay(run_pk), robust=True)
-
-
-def _publish_on_commit(outbox_pk: int) -> None:
-    if settings.RECOVERY_EXECUTOR == "celery":
-        from .tasks import publish_outbox
-
-        OutboxMessage.objects.filter(pk=outbox_pk).update(dispatched_at=clock.now())
-        transaction.on_commit(lambda: publish_outbox.delay(outbox_pk), robust=True)
 
 
 def _undispatched(now: datetime) -> Q:
@@ -573,7 +555,7 @@ def run_start(
                 for spec in wf.steps
             )
             _audit(run, "start", actor=actor, before={}, after=_snap(run), now=now)
-            _enqueue_on_commit(run.pk)
+            dispatch.enqueue_run(run.pk)
     except IntegrityError:
         run = WorkflowRun.objects.get(workflow_id=workflow_id)
         if run.input_hash != input_hash:
@@ -614,9 +596,9 @@ def run_claim_next(*, owner: str | None = None, now: datetime | None = None) -> 
 def _claim_one(owner: str | None, now: datetime, run_pk: int | None = None) -> Lease | None:
     owner = owner or default_owner()
     if connection.vendor == "postgresql":
-        # One statement (rows.claim): the same transition as _claim, in one round trip.
+        # One statement (storage.claim): the same transition as _claim, in one round trip.
         sql, params = _pick_sql(connection.vendor, run_pk is not None, ("id", "state", "lease_owner"))
-        claimed = rows.claim(sql, _pick_params(params, now, run_pk), owner, now + lease_duration(), now)
+        claimed = storage.claim(sql, _pick_params(params, now, run_pk), owner, now + lease_duration(), now)
         if claimed is None:
             return None
         run, steps, taken_over = claimed
@@ -1018,7 +1000,7 @@ def _locked_run_by_id(workflow_id: str, expect: str | None = None) -> WorkflowRu
     return run
 
 
-def _require_reason(reason: str, *, max_length: int = 2000) -> str:
+def require_reason(reason: str, *, max_length: int = 2000) -> str:
     """The reason an operator gives, stripped: required, at most ``max_length`` characters
     (a reason, not a document: it is shown in the console and in every export), and no NUL
     character (PostgreSQL cannot store one)."""
@@ -1059,7 +1041,7 @@ def run_resume(
 ) -> WorkflowRun:
     """Resume from the last checkpoint: the run becomes due now; every succeeded step is kept
     and a blocked step gets a fresh retry budget. A finished run refuses (rule 12)."""
-    reason = _require_reason(reason)
+    reason = require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
@@ -1082,13 +1064,13 @@ def run_resume(
             message.save(
                 update_fields=["state", "budget_start_attempt", "budget_started_at", "next_attempt_at", "updated_at"]
             )
-            _publish_on_commit(message.pk)
+            dispatch.enqueue_message(message.pk)
             requeued.append(message.step_name)
         _release_into(run, RunState.PENDING, reason=f"resumed by {_actor_fields(actor)['actor']}")
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
         after = {**_snap(run), "outbox_requeued": requeued} if requeued else _snap(run)
         _audit(run, "resume", actor=actor, reason=reason, before=before, after=after, now=now)
-        _enqueue_on_commit(run.pk)
+        dispatch.enqueue_run(run.pk)
         return run
 
 
@@ -1176,7 +1158,7 @@ def _operator_step_action(
     expect: str | None = None,
     now: datetime | None,
 ) -> WorkflowRun:
-    reason = _require_reason(reason)
+    reason = require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
@@ -1199,7 +1181,7 @@ def _operator_step_action(
         _audit(
             run, action, actor=actor, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now
         )
-        _enqueue_on_commit(run.pk)
+        dispatch.enqueue_run(run.pk)
         return run
 
 
@@ -1220,7 +1202,7 @@ def step_resolve(
     happen" makes it due again, with the same key. The run becomes due — except a terminated
     run, which stays terminated: there the evidence only settles what exists (so that it can
     be compensated), and a call that did not happen is skipped."""
-    reason = _require_reason(reason)
+    reason = require_reason(reason)
     remote_ref = redact_text((remote_ref or "").strip())
     if happened and not remote_ref:
         raise InvalidTransition("give the remote id that shows it succeeded")
@@ -1264,7 +1246,7 @@ def step_resolve(
             after={**_snap(run, step), "evidence": evidence},
             now=now,
         )
-        _enqueue_on_commit(run.pk)
+        dispatch.enqueue_run(run.pk)
         return run
 
 
@@ -1298,7 +1280,7 @@ def run_terminate(
 ) -> WorkflowRun:
     """Stop the run for good. Effects already made stay made (compensate them explicitly);
     a live executor's next fenced write fails, so it cannot continue."""
-    reason = _require_reason(reason)
+    reason = require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
@@ -1326,7 +1308,7 @@ def decision_supersede(
     """Set aside the accepted model decision so that the step decides again, as a new
     version (rule 4: a new decision needs a recorded reason). Only before any later step
     has used it."""
-    reason = _require_reason(reason)
+    reason = require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
@@ -1371,7 +1353,7 @@ def decision_supersede(
             after=_snap(run, step),
             now=now,
         )
-        _enqueue_on_commit(run.pk)
+        dispatch.enqueue_run(run.pk)
         return run
 
 
@@ -1443,7 +1425,7 @@ def _start_compensation(
         after={**_snap(run), "order": names},
         now=now,
     )
-    _enqueue_on_commit(run.pk)
+    dispatch.enqueue_run(run.pk)
     return names
 
 
@@ -1460,7 +1442,7 @@ def run_compensate(
     """Undo completed effects with their business compensations, in reverse order: one step,
     or every completed compensable step of the run. Refused while an outcome is unknown or
     an executor holds the run. Also retries a compensation that failed."""
-    reason = _require_reason(reason)
+    reason = require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
@@ -1555,7 +1537,7 @@ def approval_request(
     """Ask for ``action`` on a run whose workflow puts it behind four eyes. The action must be
     one the run allows now (and the actor's own role); nothing changes on the run until
     another supervisor approves. One pending request per action and step."""
-    reason = _require_reason(reason)
+    reason = require_reason(reason)
     if actor is None or not getattr(actor, "is_authenticated", False):
         raise InvalidTransition("only a person can request an action")
     if action not in LABELS:
@@ -1636,7 +1618,7 @@ def approval_reject(
 ) -> ApprovalRequest:
     """Turn a pending request down (a supervisor) or withdraw it (its requester). The run
     does not change."""
-    reason = _require_reason(reason)
+    reason = require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
         run, request = _locked_request(request_id)
@@ -1822,7 +1804,7 @@ def step_enqueue(
         _renew(run, now)
         _save_run(run, ["current_step", "lease_expires_at"], now)
         _audit(run, "step_enqueue", actor=None, step_name=step_name, before=before, after=_snap(run, step), now=now)
-        _publish_on_commit(message.pk)
+        dispatch.enqueue_message(message.pk)
         return message
 
 
@@ -1897,7 +1879,7 @@ def _wake(run: WorkflowRun, now: datetime) -> None:
     if run.state in (RunState.WAITING, RunState.COMPENSATING) and not _live_lease(run, now):
         run.next_wake_at = now
         _save_run(run, ["next_wake_at"], now)
-        _enqueue_on_commit(run.pk)
+        dispatch.enqueue_run(run.pk)
 
 
 def outbox_delivered(*, claim: OutboxClaim, outcome: Outcome, how: str, now: datetime | None = None) -> None:

@@ -10,7 +10,7 @@ per username, not per IP address: behind a proxy every operator shares one addre
 attacker would lock them all out.
 
 The check sits in the authentication backend, so it holds for every login form (the console's
-and the admin's); the console's login view only explains it (recovery.auth_views)."""
+and the admin's); the console's login view only explains it (recovery.console.auth_views)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from django.conf import settings
 from django.contrib.auth.backends import ModelBackend, UserModel
 from django.db import transaction
 
-from . import clock
-from .models import LoginFailure
+from recovery import clock
+from recovery.models import LoginFailure
 
 USERNAME_LENGTH = LoginFailure._meta.get_field("username").max_length
 
