@@ -7,7 +7,8 @@ from django.test.utils import CaptureQueriesContext
 
 from recovery.engine import transitions
 from recovery.engine.executor import advance
-from recovery.engine.transitions import _save_run, leased_run, run_claim, run_start
+from recovery.engine.transitions import leased_run, run_claim, run_start
+from recovery.engine.transitions._core import _save_run
 from recovery.errors import LeaseLost
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from recovery.workflow import Outcome
@@ -87,7 +88,7 @@ def test_advance_returns_the_state_it_left_the_run_in():
 
 def test_a_claim_and_a_takeover_are_audited_alike_on_every_database(clock):
     """PostgreSQL claims in one statement (rows.claim), other databases in a transaction
-    (transitions._claim): the same rows either way."""
+    (transitions.leases._claim): the same rows either way."""
     run = start()
     first = run_claim(run_pk=run.pk, owner="first")
     clock.advance(60)  # its lease expires: the next claim takes the run over

@@ -193,7 +193,7 @@ def claim(
     (its id, state and lease owner; ``FOR UPDATE SKIP LOCKED``), give it a new lease
     generation, write the ``claim`` (or ``lease_takeover``) audit event, and read the run and
     its steps back, with whether it was taken over from another owner. None if nothing was
-    picked. The same transition as ``transitions._claim`` writes on other databases."""
+    picked. The same transition as ``transitions.leases._claim`` writes on other databases."""
     from recovery.models import AuditEvent, RunState, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]

@@ -1,0 +1,134 @@
+"""Transition functions: the only code that changes a run or a step.
+
+Each one runs in one ``transaction.atomic()``: it locks the run row (always the run first,
+then its steps), checks the allowed-transitions table, saves with ``update_fields`` and
+writes exactly one audit event with the state before and after. None does network I/O.
+
+Executor transitions take a ``Lease``: they write only while the run's
+``lease_generation`` is still the lease's (a fencing token), so a worker that wakes up after
+another executor took its run over cannot write anything (``LeaseLost``). Each fenced write
+also renews the lease.
+
+One module per domain (``tables`` holds the allowed moves, ``_core`` what they share); this
+package re-exports the public transitions: callers write ``transitions.run_resume(...)``.
+"""
+
+from ._core import (
+    RUN_LEASE_FIELDS,
+    Lease,
+    default_owner,
+    in_flight_text,
+    lease_duration,
+    leased_run,
+    require_reason,
+    run_version,
+)
+from .approvals import approval_grant, approval_reject, approval_request
+from .compensation import (
+    compensation_begin,
+    compensation_fail,
+    compensation_succeed,
+    run_compensate,
+    run_compensation_done,
+)
+from .leases import claimable, outbox_dispatch, run_claim, run_claim_next, runs_dispatch
+from .operator import (
+    BUDGET_FIELDS,
+    LABELS,
+    decision_supersede,
+    needs_approval,
+    run_resume,
+    run_terminate,
+    step_reconcile,
+    step_resolve,
+    step_retry,
+)
+from .outbox import (
+    OutboxClaim,
+    outbox_await_settle,
+    outbox_cancel,
+    outbox_claim,
+    outbox_delivered,
+    outbox_due,
+    outbox_failed_attempt,
+    outbox_unresolved,
+    step_enqueue,
+)
+from .runs import run_complete, run_release, run_review, run_start, run_wait
+from .steps import (
+    step_await_settle,
+    step_begin,
+    step_defer_reconcile,
+    step_fail,
+    step_mark_unknown,
+    step_reset,
+    step_succeed,
+)
+from .tables import (
+    DONE_STEP_STATES,
+    EXECUTOR,
+    LEASED_RUN_STATES,
+    RUN_TRANSITIONS,
+    STEP_TRANSITIONS,
+    TERMINAL_RUN_STATES,
+)
+
+__all__ = [
+    "BUDGET_FIELDS",
+    "DONE_STEP_STATES",
+    "EXECUTOR",
+    "LABELS",
+    "LEASED_RUN_STATES",
+    "Lease",
+    "OutboxClaim",
+    "RUN_LEASE_FIELDS",
+    "RUN_TRANSITIONS",
+    "STEP_TRANSITIONS",
+    "TERMINAL_RUN_STATES",
+    "approval_grant",
+    "approval_reject",
+    "approval_request",
+    "claimable",
+    "compensation_begin",
+    "compensation_fail",
+    "compensation_succeed",
+    "decision_supersede",
+    "default_owner",
+    "in_flight_text",
+    "lease_duration",
+    "leased_run",
+    "needs_approval",
+    "outbox_await_settle",
+    "outbox_cancel",
+    "outbox_claim",
+    "outbox_delivered",
+    "outbox_dispatch",
+    "outbox_due",
+    "outbox_failed_attempt",
+    "outbox_unresolved",
+    "require_reason",
+    "run_claim",
+    "run_claim_next",
+    "run_compensate",
+    "run_compensation_done",
+    "run_complete",
+    "run_release",
+    "run_resume",
+    "run_review",
+    "run_start",
+    "run_terminate",
+    "run_version",
+    "run_wait",
+    "runs_dispatch",
+    "step_await_settle",
+    "step_begin",
+    "step_defer_reconcile",
+    "step_enqueue",
+    "step_fail",
+    "step_mark_unknown",
+    "step_reconcile",
+    "step_reset",
+    "step_resolve",
+    "step_retry",
+    "step_succeed",
+]

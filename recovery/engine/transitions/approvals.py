@@ -1,0 +1,202 @@
+"""Four-eyes: an action requested by one supervisor and approved (or rejected) by another; the
+grant performs the action in the grant's transaction."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+
+from recovery import clock, permissions
+from recovery.errors import (
+    InvalidTransition,
+    RunChanged,
+)
+from recovery.models import (
+    ApprovalRequest,
+    ApprovalState,
+    WorkflowRun,
+)
+from recovery.redaction import redact_text
+
+from ._core import _audit, _locked_run_by_id, _snap, require_reason, run_version
+from .compensation import run_compensate
+from .operator import _DRY_RUN, LABELS, needs_approval, run_terminate, step_resolve
+
+
+class _RolledBack(Exception):
+    pass
+
+
+def _perform(request: ApprovalRequest, *, actor: AbstractBaseUser, reason: str, expect: str | None, now: datetime):
+    common = {"workflow_id": request.run.workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
+    if request.action == "terminate":
+        return run_terminate(**common, approval=request)
+    if request.action == "compensate":
+        return run_compensate(**common, step_name=request.step_name or None, approval=request)
+    return step_resolve(
+        **common, step_name=request.step_name, happened=True, remote_ref=request.remote_ref, approval=request
+    )
+
+
+def _dry_run(request: ApprovalRequest, *, actor: AbstractBaseUser, now: datetime) -> None:
+    """Run the requested action and roll it back: a request is only made for an action that
+    would run now (its InvalidTransition is the requester's answer)."""
+    token = _DRY_RUN.set(request)
+    try:
+        with transaction.atomic():
+            _perform(request, actor=actor, reason=request.reason, expect=None, now=now)
+            raise _RolledBack
+    except _RolledBack:
+        pass
+    finally:
+        _DRY_RUN.reset(token)
+
+
+def _approval_snap(request: ApprovalRequest) -> dict[str, Any]:
+    snap = {"id": request.pk, "action": request.action, "state": request.state}
+    if request.step_name:
+        snap["step"] = request.step_name
+    if request.remote_ref:
+        snap["remote_ref"] = request.remote_ref
+    return snap
+
+
+def approval_request(
+    *,
+    workflow_id: str,
+    action: str,
+    actor: AbstractBaseUser,
+    reason: str,
+    step_name: str | None = None,
+    remote_ref: str = "",
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> ApprovalRequest:
+    """Ask for ``action`` on a run whose workflow puts it behind four eyes. The action must be
+    one the run allows now (and the actor's own role); nothing changes on the run until
+    another supervisor approves. One pending request per action and step."""
+    reason = require_reason(reason)
+    if actor is None or not getattr(actor, "is_authenticated", False):
+        raise InvalidTransition("only a person can request an action")
+    if action not in LABELS:
+        raise InvalidTransition(f"{action!r} does not need approval")
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        if not needs_approval(run, action):
+            raise InvalidTransition(f"{LABELS[action]} needs no approval on {run.workflow_name} runs: do it directly")
+        request = ApprovalRequest(
+            run=run,
+            action=action,
+            step_name=step_name or "",
+            remote_ref=redact_text((remote_ref or "").strip()),
+            reason=redact_text(reason),
+            state=ApprovalState.PENDING,
+            requested_by=actor,
+            requested_at=now,
+        )
+        _dry_run(request, actor=actor, now=now)
+        try:
+            with transaction.atomic():
+                request.save()
+        except IntegrityError:
+            raise InvalidTransition(f"a request to {LABELS[action]} is already waiting for approval") from None
+        _approval_audit(run, request, "approval_request", actor=actor, reason=reason, now=now)
+        return request
+
+
+def _locked_request(request_id: int | str) -> tuple[WorkflowRun, ApprovalRequest]:
+    try:
+        pk = int(request_id)
+    except (TypeError, ValueError):
+        raise InvalidTransition(f"no approval request {request_id!r}") from None
+    run_pk = ApprovalRequest.objects.filter(pk=pk).values_list("run_id", flat=True).first()
+    if run_pk is None:
+        raise InvalidTransition(f"no approval request {request_id!r}")
+    run = WorkflowRun.objects.select_for_update().get(pk=run_pk)  # lock order: run, then its rows
+    request = ApprovalRequest.objects.select_for_update().select_related("requested_by").get(pk=pk)
+    request.run = run
+    if request.state != ApprovalState.PENDING:
+        raise InvalidTransition(f"approval request {pk} is already {request.state}")
+    return run, request
+
+
+def approval_grant(
+    *,
+    request_id: int | str,
+    actor: AbstractBaseUser,
+    reason: str = "",
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """A second supervisor approves: the approval is audited, then the action runs, in one
+    transaction (if the action is no longer valid, neither happens and the request waits).
+    Nobody approves their own request."""
+    now = now or clock.now()
+    if actor is None or not permissions.can(actor, "approve"):
+        raise InvalidTransition("only a supervisor can approve")
+    with transaction.atomic():
+        run, request = _locked_request(request_id)
+        if request.requested_by_id == actor.pk:
+            raise InvalidTransition("you cannot approve your own request: another supervisor must")
+        if expect is not None and expect != run_version(run):
+            raise RunChanged(f"run {run.workflow_id} changed since you loaded it (it is now {run.state}); reload")
+        _decide(request, ApprovalState.APPROVED, actor=actor, reason=reason, now=now)
+        requester = request.requested_by.get_username()
+        _approval_audit(
+            run, request, "approval_grant", actor=actor, reason=request.decision_reason, now=now, requested_by=requester
+        )
+        who = f"requested by {requester}, approved by {actor.get_username()}"
+        why = f"{request.reason} ({who})"
+        return _perform(request, actor=actor, reason=why, expect=None, now=now)
+
+
+def approval_reject(
+    *, request_id: int | str, actor: AbstractBaseUser, reason: str, now: datetime | None = None
+) -> ApprovalRequest:
+    """Turn a pending request down (a supervisor) or withdraw it (its requester). The run
+    does not change."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run, request = _locked_request(request_id)
+        if actor is None or (request.requested_by_id != actor.pk and not permissions.can(actor, "approve")):
+            raise InvalidTransition("only a supervisor, or the requester, can turn a request down")
+        _decide(request, ApprovalState.REJECTED, actor=actor, reason=reason, now=now)
+        _approval_audit(run, request, "approval_reject", actor=actor, reason=reason, now=now)
+        return request
+
+
+def _decide(request: ApprovalRequest, state: ApprovalState, *, actor: AbstractBaseUser, reason: str, now: datetime):
+    request.state = state
+    request.decided_by = actor
+    request.decided_at = now
+    request.decision_reason = redact_text((reason or "").strip())
+    request.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
+
+
+def _approval_audit(
+    run: WorkflowRun,
+    request: ApprovalRequest,
+    action: str,
+    *,
+    actor: AbstractBaseUser,
+    reason: str,
+    now: datetime,
+    **extra: Any,
+) -> None:
+    """The audit event of a step of four-eyes: the run does not change; the request does."""
+    approval = {**_approval_snap(request), **extra}
+    _audit(
+        run,
+        action,
+        actor=actor,
+        step_name=request.step_name,
+        reason=reason,
+        before=_snap(run),
+        after={**_snap(run), "approval": approval},
+        now=now,
+    )

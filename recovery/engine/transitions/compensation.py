@@ -1,0 +1,256 @@
+"""Compensation (rule 10): undoing a run's effects in reverse order, each with its own key and
+the same unknown-outcome rules as a step."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from recovery import clock
+from recovery.engine import dispatch
+from recovery.errors import (
+    ErrorKind,
+    InvalidTransition,
+    StepError,
+    TransientError,
+)
+from recovery.models import (
+    ApprovalRequest,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowRun,
+)
+from recovery.redaction import redact_text
+from recovery.workflow import Outcome, StepSpec, get_workflow
+
+from ._core import (
+    RUN_LEASE_FIELDS,
+    Lease,
+    _abandon_running_steps,
+    _audit,
+    _check,
+    _leased_step,
+    _live_lease,
+    _locked_run,
+    _locked_run_by_id,
+    _redacted,
+    _release_into,
+    _save_run,
+    _save_step,
+    _snap,
+    in_flight_text,
+    require_reason,
+)
+from .operator import _four_eyes
+from .tables import DONE_STEP_STATES, RUN_TRANSITIONS, STEP_TRANSITIONS
+
+# --- compensation (rule 10) -----------------------------------------------------------
+
+
+def _compensation_targets(run: WorkflowRun, step_name: str | None = None) -> list[StepExecution]:
+    workflow = get_workflow(run.workflow_name)
+    compensable = {spec.name for spec in workflow.steps if spec.compensation_fn is not None}
+    steps = list(StepExecution.objects.select_for_update().filter(run=run).order_by("position"))
+    unknown = [s.step_name for s in steps if s.state == StepState.UNKNOWN]
+    if unknown:
+        # First establish whether the original action happened at all.
+        raise InvalidTransition(f"reconcile {', '.join(unknown)} first: its outcome is unknown")
+    undoable = (StepState.SUCCEEDED, StepState.COMPENSATION_FAILED)
+    if step_name is not None:
+        step = next((s for s in steps if s.step_name == step_name), None)
+        if step is None:
+            raise InvalidTransition(f"run {run.workflow_id} has no step {step_name!r}")
+        if step_name not in compensable:
+            raise InvalidTransition(f"step {step_name} declares no compensation")
+        if step.state not in undoable:
+            raise InvalidTransition(f"step {step_name} is {step.state}; only a completed step can be compensated")
+        later = [
+            s.step_name
+            for s in steps
+            if s.position > step.position and s.state in undoable and s.step_name in compensable
+        ]
+        if later:
+            raise InvalidTransition(f"compensate {', '.join(later)} first: compensations run in reverse order")
+        return [step]
+    return [s for s in steps if s.step_name in compensable and s.state in undoable]
+
+
+def _start_compensation(
+    run: WorkflowRun,
+    *,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    now: datetime,
+    step_name: str | None = None,
+) -> list[str]:
+    """Mark what will be compensated and hand the run to the executor, which undoes each
+    marked step in reverse order. Steps that never ran are skipped (whole-run only)."""
+    targets = _compensation_targets(run, step_name)
+    if not targets:
+        raise InvalidTransition(f"run {run.workflow_id} has no completed step with a compensation")
+    before = _snap(run)
+    _check(RUN_TRANSITIONS, "compensate", run.state, "run")
+    if step_name is None:
+        for step in StepExecution.objects.select_for_update().filter(run=run, state=StepState.PENDING):
+            step.state = _check(STEP_TRANSITIONS, "skip", step.state, "step")
+            _save_step(step, ["state"], now, actor)
+    for step in targets:
+        step.state = _check(STEP_TRANSITIONS, "compensate", step.state, "step")
+        step.next_attempt_at = None
+        _save_step(step, ["state", "next_attempt_at"], now, actor)
+    names = [s.step_name for s in sorted(targets, key=lambda s: -s.position)]
+    _release_into(run, RunState.COMPENSATING, reason=f"compensating {', '.join(names)}")
+    run.lease_generation += 1  # fence out any executor still holding a lease
+    _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+    _audit(
+        run,
+        "compensate",
+        actor=actor,
+        step_name=step_name or "",
+        reason=reason,
+        before=before,
+        after={**_snap(run), "order": names},
+        now=now,
+    )
+    dispatch.enqueue_run(run.pk)
+    return names
+
+
+def run_compensate(
+    *,
+    workflow_id: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    step_name: str | None = None,
+    expect: str | None = None,
+    now: datetime | None = None,
+    approval: ApprovalRequest | None = None,
+) -> WorkflowRun:
+    """Undo completed effects with their business compensations, in reverse order: one step,
+    or every completed compensable step of the run. Refused while an outcome is unknown or
+    an executor holds the run. Also retries a compensation that failed."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        _four_eyes(run, "compensate", step_name or "", approval)
+        if _live_lease(run, now):
+            raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
+        _abandon_running_steps(run, now, actor)  # then compensation waits for their reconciliation
+        _start_compensation(run, actor=actor, reason=reason, now=now, step_name=step_name)
+        return run
+
+
+
+
+def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = None) -> StepExecution:
+    """Record that the compensation call is about to be made (it may be made again after a
+    crash: compensations are idempotent under their own key)."""
+    with _leased_step(lease, step_name, "compensation_begin", now) as change:
+        step, now = change.step, change.now
+        _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
+        step.compensation_attempts += 1
+        step.next_attempt_at = None
+        step.compensation_sent_at = now  # until it answers, the request may commit
+        _save_step(step, ["compensation_attempts", "next_attempt_at", "compensation_sent_at"], now)
+        change.extra = {"compensation_attempts": step.compensation_attempts}
+        return step
+
+
+def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now: datetime | None = None) -> None:
+    with _leased_step(lease, step_name, "compensation_succeed", now) as change:
+        run, step, now = change.run, change.step, change.now
+        step.state = _check(STEP_TRANSITIONS, "compensation_succeed", step.state, "step")
+        step.compensation_ref = redact_text(outcome.remote_ref)
+        step.compensation_result = _redacted(run, outcome.result)
+        step.compensation_restored = outcome.restored
+        _save_step(step, ["state", "compensation_ref", "compensation_result", "compensation_restored"], now)
+        change.extra = {"compensation_ref": step.compensation_ref}
+        if outcome.incident:
+            incident = redact_text(outcome.incident)
+            run.incident = "\n".join(filter(None, [run.incident, incident]))
+            _save_run(run, ["incident"], now)
+            change.extra["incident"] = incident
+
+
+def compensation_fail(
+    *, lease: Lease, step_name: str, error: StepError, spec: StepSpec, now: datetime | None = None
+) -> None:
+    """A compensation failed. Compensations are idempotent under their own key, so transient
+    errors and unknown outcomes are retried within the step's budget — an unknown one not
+    before its request can no longer commit (the step's in-flight bound), so that a look-up
+    inside the compensation (has the correction been sent?) cannot miss a request still in
+    flight. Anything else, an exhausted budget, or an unknown outcome with no bound stops in
+    the visible ``compensation_failed`` state — never reported as rolled back."""
+    with _leased_step(lease, step_name, "compensation_fail", now) as change:
+        run, step, now = change.run, change.step, change.now
+        step.last_error_kind = error.kind
+        message = redact_text(error.message)
+        step.last_error = f"compensation: {message}"[:4000]
+        unknown = error.kind == ErrorKind.UNKNOWN_OUTCOME
+        settle_until = spec.in_flight_until(step.compensation_sent_at) if unknown else None
+        if not unknown:
+            step.compensation_sent_at = None  # it answered: nothing of this attempt is in flight
+        retryable = unknown or spec.retry.retries(error.kind)
+        delay = (
+            spec.retry.next_delay(
+                step.compensation_attempts, TransientError(error.message, retry_after=error.retry_after)
+            )
+            if retryable
+            else None
+        )
+        why = f"{step_name}: compensation failed: {message}"
+        if unknown and spec.in_flight_bound() is None:
+            delay = None
+            why = f"{step_name}: compensation outcome unknown and its receiver may commit at any time: check it"
+        if delay is not None:
+            _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
+            step.next_attempt_at = max(now + timedelta(seconds=delay), settle_until or now)
+            retry = "compensation retry scheduled"
+            if settle_until is not None and step.next_attempt_at == settle_until:
+                window = in_flight_text(step.compensation_sent_at, settle_until)
+                retry = f"compensation outcome unknown; trying again {window}"
+            _check(RUN_TRANSITIONS, "compensation_wait", run.state, "run")
+            _release_into(run, RunState.COMPENSATING, wake_at=step.next_attempt_at, reason=f"{step_name}: {retry}")
+            change.action = "compensation_retry"
+        else:
+            step.state = _check(STEP_TRANSITIONS, "compensation_fail", step.state, "step")
+            step.next_attempt_at = None
+            _check(RUN_TRANSITIONS, "compensation_fail", run.state, "run")
+            _release_into(run, RunState.COMPENSATION_FAILED, reason=why)
+        _save_step(step, ["state", "last_error_kind", "last_error", "next_attempt_at", "compensation_sent_at"], now)
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        change.reason = message[:1000]
+
+
+def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunState:
+    """Every marked step is compensated. The run is ``compensated`` when no completed effect
+    is left; after compensating only some steps it returns to ``completed`` (if nothing else
+    is outstanding) or to ``needs_review``."""
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run(lease)
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "compensation_done", run.state, "run")
+        workflow = get_workflow(run.workflow_name)
+        compensable = {spec.name for spec in workflow.steps if spec.compensation_fn is not None}
+        states = dict(StepExecution.objects.filter(run=run).values_list("step_name", "state"))
+        left = [name for name, state in states.items() if name in compensable and state == StepState.SUCCEEDED]
+        if not left:
+            restored = not StepExecution.objects.filter(
+                run=run, state=StepState.COMPENSATED, compensation_restored=False
+            ).exists()
+            # "Rolled back" only where every undone effect truly restored the previous state.
+            target, why = RunState.COMPENSATED, "rolled back" if restored else "every completed effect was compensated"
+        elif all(state in (*DONE_STEP_STATES, StepState.COMPENSATED) for state in states.values()):
+            target, why = RunState.COMPLETED, f"compensated some steps; {', '.join(left)} stand"
+        else:
+            target, why = RunState.NEEDS_REVIEW, f"compensated some steps; {', '.join(left)} stand"
+        _release_into(run, target, reason=why)
+        run.current_step = ""
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason", "current_step"], now)
+        _audit(run, "compensation_done", actor=None, reason=why, before=before, after=_snap(run), now=now)
+        return target

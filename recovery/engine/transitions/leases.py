@@ -1,0 +1,177 @@
+"""Claiming runs: the executor's lease on a run (claim, takeover of an expired lease), and the
+sweeper's bookkeeping of which runs and outbox messages have a task queued."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Q
+
+from recovery import clock
+from recovery.engine import storage
+from recovery.models import (
+    OutboxMessage,
+    RunState,
+    StepExecution,
+    WorkflowRun,
+)
+
+from ._core import (
+    RUN_LEASE_FIELDS,
+    Lease,
+    _audit,
+    _check,
+    _copy,
+    _renew,
+    _save_run,
+    _snap,
+    default_owner,
+    lease_duration,
+)
+from .outbox import outbox_due
+from .tables import RUN_TRANSITIONS
+
+
+def _undispatched(now: datetime) -> Q:
+    """No task queued for it, or the one queued is old enough to be presumed lost."""
+    stale = now - timedelta(seconds=settings.RECOVERY_REDISPATCH_SECONDS)
+    return Q(dispatched_at__isnull=True) | Q(dispatched_at__lte=stale)
+
+
+def _dispatch(qs, limit: int, now: datetime) -> list[int]:
+    with transaction.atomic():
+        locked = qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
+        pks = list(locked.values_list("pk", flat=True)[:limit])
+        qs.model.objects.filter(pk__in=pks).update(dispatched_at=now)
+    return pks
+
+
+def runs_dispatch(*, limit: int, now: datetime | None = None) -> list[int]:
+    """Pick up to ``limit`` runs that are due and have no task on the broker, and stamp them
+    as dispatched; the caller queues one task for each. Bookkeeping for the sweeper, not a
+    transition: no state changes and nothing is audited. A duplicate task is harmless (the
+    lease refuses it); this keeps a backlog from being multiplied by every sweep."""
+    now = now or clock.now()
+    qs = WorkflowRun.objects.filter(claimable(now), _undispatched(now)).order_by("next_wake_at", "pk")
+    return _dispatch(qs, limit, now)
+
+
+def outbox_dispatch(*, limit: int, now: datetime | None = None) -> list[int]:
+    """As ``runs_dispatch``, for outbox messages due for a delivery attempt."""
+    now = now or clock.now()
+    qs = OutboxMessage.objects.filter(outbox_due(now), _undispatched(now)).order_by("next_attempt_at", "pk")
+    return _dispatch(qs, limit, now)
+
+
+
+
+# --- executor transitions --------------------------------------------------------------
+
+
+def claimable(now: datetime) -> Q:
+    """Runs an executor may take now: due and unowned, or owned by a lease that expired."""
+    unowned = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
+    due = Q(next_wake_at__isnull=True) | Q(next_wake_at__lte=now)
+    in_progress = Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING, RunState.RUNNING])
+    # in_progress is implied by the rest; stated, it lets PostgreSQL use run_in_progress_idx.
+    return in_progress & (
+        (Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING]) & due & unowned)
+        | Q(state=RunState.RUNNING, lease_expires_at__lte=now)
+    )
+
+
+def run_claim(*, run_pk: int, owner: str | None = None, now: datetime | None = None) -> Lease | None:
+    """Take the run with a fresh lease generation, or return None if it is not claimable
+    (another executor holds a live lease, it is not due, or it is finished)."""
+    return _claim_one(owner, now or clock.now(), run_pk)
+
+
+def run_claim_next(*, owner: str | None = None, now: datetime | None = None) -> Lease | None:
+    """Take the oldest run that is due, skipping runs another executor is claiming right now;
+    None when nothing is due."""
+    return _claim_one(owner, now or clock.now())
+
+
+def _claim_one(owner: str | None, now: datetime, run_pk: int | None = None) -> Lease | None:
+    owner = owner or default_owner()
+    if connection.vendor == "postgresql":
+        # One statement (storage.claim): the same transition as _claim, in one round trip.
+        sql, params = _pick_sql(connection.vendor, run_pk is not None, ("id", "state", "lease_owner"))
+        claimed = storage.claim(sql, _pick_params(params, now, run_pk), owner, now + lease_duration(), now)
+        if claimed is None:
+            return None
+        run, steps, taken_over = claimed
+        return _lease(run, steps, taken_over=taken_over)
+    with transaction.atomic():
+        sql, params = _pick_sql(connection.vendor, run_pk is not None)
+        run = next(iter(WorkflowRun.objects.raw(sql, _pick_params(params, now, run_pk))), None)
+        return _claim(run, owner, now)
+
+
+_SENTINEL_TIME = datetime(1970, 1, 2, tzinfo=UTC)
+
+
+@cache
+def _pick_sql(vendor: str, one_run: bool, columns: tuple[str, ...] = ()) -> tuple[str, tuple[Any, ...]]:
+    """The SQL of ``claimable()`` (locked, oldest first, one row), compiled once with a
+    placeholder time: compiling that Q costs an executor more than running the query."""
+    qs = WorkflowRun.objects.filter(claimable(_SENTINEL_TIME))
+    if one_run:
+        qs = qs.filter(pk=-1)
+    qs = qs.order_by("pk").select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
+    if columns:
+        qs = qs.values(*columns)
+    with transaction.atomic():  # Django compiles FOR UPDATE only inside a transaction; nothing runs here
+        return qs[:1].query.sql_with_params()
+
+
+def _pick_params(template: tuple[Any, ...], now: datetime, run_pk: int | None) -> list[Any]:
+    sentinels = {_SENTINEL_TIME, connection.ops.adapt_datetimefield_value(_SENTINEL_TIME)}
+    at = connection.ops.adapt_datetimefield_value(now)
+    return [at if p in sentinels else run_pk if p == -1 else p for p in template]
+
+
+@cache
+def _steps_sql(vendor: str) -> str:
+    """A run's steps, in order; compiled once (one parameter: the run's id)."""
+    sql, params = StepExecution.objects.filter(run_id=-1).query.sql_with_params()
+    assert list(params) == [-1]
+    return sql
+
+
+
+
+def _lease(run: WorkflowRun, steps: Iterable[StepExecution], *, taken_over: bool) -> Lease:
+    return Lease(
+        run_pk=run.pk,
+        owner=run.lease_owner,
+        generation=run.lease_generation,
+        seen=_copy(run, steps),
+        taken_over=taken_over,
+    )
+
+
+def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
+    if run is None:
+        return None
+    before = _snap(run)
+    takeover = run.lease_owner != ""
+    action = "lease_takeover" if takeover else "claim"
+    if takeover:
+        before["lease_owner"] = run.lease_owner
+    kind = "claim_compensation" if run.state == RunState.COMPENSATING else "claim"
+    run.state = _check(RUN_TRANSITIONS, kind, run.state, "run")
+    run.lease_owner = owner
+    run.lease_generation += 1
+    run.next_wake_at = None
+    run.dispatched_at = None  # the queued task (if any) is consumed: the sweeper may queue another
+    _renew(run, now)
+    _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
+    _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
+    # The executor's copy, read under the run's lock: it needs no other read while it holds the run.
+    return _lease(run, StepExecution.objects.raw(_steps_sql(connection.vendor), [run.pk]), taken_over=takeover)

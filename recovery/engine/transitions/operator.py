@@ -1,0 +1,407 @@
+"""What an operator does to a run (resume, retry, reconcile, resolve, terminate, supersede a
+decision), and the four-eyes rule some of those actions fall under."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q
+
+from recovery import clock, permissions
+from recovery.engine import dispatch
+from recovery.errors import (
+    ApprovalRequired,
+    InvalidTransition,
+)
+from recovery.models import (
+    ApprovalRequest,
+    ApprovalState,
+    DecisionState,
+    ModelDecision,
+    OutboxMessage,
+    OutboxState,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowRun,
+)
+from recovery.redaction import redact_text
+from recovery.workflow import get_workflow
+
+from ._core import (
+    RUN_LEASE_FIELDS,
+    _abandon_running_steps,
+    _actor_fields,
+    _audit,
+    _check,
+    _live_lease,
+    _locked_run_by_id,
+    _release_into,
+    _save_run,
+    _save_step,
+    _snap,
+    require_reason,
+)
+from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS, TERMINAL_RUN_STATES
+
+
+def run_resume(
+    *,
+    workflow_id: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Resume from the last checkpoint: the run becomes due now; every succeeded step is kept
+    and a blocked step gets a fresh retry budget. A finished run refuses (rule 12)."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        if run.state in TERMINAL_RUN_STATES:
+            raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be resumed")
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "resume", run.state, "run")
+        for step in StepExecution.objects.select_for_update().filter(
+            run=run, state__in=[StepState.FAILED, StepState.UNKNOWN]
+        ):
+            _restart_budget(step, now, actor)
+        requeued = []
+        for message in OutboxMessage.objects.select_for_update().filter(run=run, state=OutboxState.FAILED):
+            # Delivered once at most: the next attempt looks the message up before sending.
+            message.state = OutboxState.PENDING
+            message.budget_start_attempt = message.attempts
+            message.budget_started_at = now
+            message.next_attempt_at = None
+            message.updated_at = now
+            message.save(
+                update_fields=["state", "budget_start_attempt", "budget_started_at", "next_attempt_at", "updated_at"]
+            )
+            dispatch.enqueue_message(message.pk)
+            requeued.append(message.step_name)
+        _release_into(run, RunState.PENDING, reason=f"resumed by {_actor_fields(actor)['actor']}")
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        after = {**_snap(run), "outbox_requeued": requeued} if requeued else _snap(run)
+        _audit(run, "resume", actor=actor, reason=reason, before=before, after=after, now=now)
+        dispatch.enqueue_run(run.pk)
+        return run
+
+
+BUDGET_FIELDS = [
+    "budget_start_attempt",
+    "budget_started_at",
+    "format_failures",
+    "reconcile_attempts",
+    "next_attempt_at",
+]
+
+
+def _fresh_budget(step: StepExecution) -> None:
+    step.budget_start_attempt = step.attempts
+    step.budget_started_at = None
+    step.format_failures = 0
+    step.reconcile_attempts = 0
+    step.next_attempt_at = None
+
+
+def _restart_budget(step: StepExecution, now: datetime, actor: AbstractBaseUser | None) -> None:
+    """An operator decided something changed: a failed step becomes due again with a fresh
+    budget; an unknown one stays unknown (it is reconciled first, never retried blindly)."""
+    _fresh_budget(step)
+    if step.state == StepState.FAILED:
+        step.state = StepState.PENDING
+    _save_step(step, ["state", *BUDGET_FIELDS], now, actor)
+
+
+def step_retry(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Retry one failed step now, with a fresh budget. The same idempotency key is sent
+    again: an operator's retry never bypasses idempotency. An unknown step is not retried
+    blindly: the executor reconciles it first, as it always does."""
+    return _operator_step_action(
+        "retry",
+        frozenset({StepState.FAILED, StepState.UNKNOWN}),
+        workflow_id=workflow_id,
+        step_name=step_name,
+        actor=actor,
+        reason=reason,
+        expect=expect,
+        now=now,
+    )
+
+
+def step_reconcile(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Reconcile an unknown step with the remote system now (look up by key, or resend the
+    same key to a receiver that keeps its first result), with a fresh look-up budget."""
+    return _operator_step_action(
+        "reconcile",
+        frozenset({StepState.UNKNOWN}),
+        workflow_id=workflow_id,
+        step_name=step_name,
+        actor=actor,
+        reason=reason,
+        expect=expect,
+        now=now,
+    )
+
+
+def _operator_step_action(
+    action: str,
+    allowed: frozenset[StepState],
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None,
+) -> WorkflowRun:
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        if run.state in TERMINAL_RUN_STATES:
+            raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be changed this way")
+        if _live_lease(run, now):
+            raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
+        _abandon_running_steps(run, now, actor)
+        step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
+        if step is None:
+            raise InvalidTransition(f"run {workflow_id} has no step {step_name!r}")
+        if step.state not in allowed:
+            raise InvalidTransition(
+                f"step {step_name} is {step.state}; {action} needs a step that is {' or '.join(sorted(allowed))}"
+            )
+        before = _snap(run, step)
+        _restart_budget(step, now, actor)
+        _release_into(run, RunState.PENDING, reason=f"{step_name}: {action} requested")
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        _audit(
+            run, action, actor=actor, step_name=step_name, reason=reason, before=before, after=_snap(run, step), now=now
+        )
+        dispatch.enqueue_run(run.pk)
+        return run
+
+
+def step_resolve(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    happened: bool,
+    remote_ref: str = "",
+    expect: str | None = None,
+    now: datetime | None = None,
+    approval: ApprovalRequest | None = None,
+) -> WorkflowRun:
+    """An operator settles an unknown outcome with evidence from the other system: "it
+    succeeded, remote id X" records the step as succeeded with that reference; "it did not
+    happen" makes it due again, with the same key. The run becomes due — except a terminated
+    run, which stays terminated: there the evidence only settles what exists (so that it can
+    be compensated), and a call that did not happen is skipped."""
+    reason = require_reason(reason)
+    remote_ref = redact_text((remote_ref or "").strip())
+    if happened and not remote_ref:
+        raise InvalidTransition("give the remote id that shows it succeeded")
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        if happened:
+            _four_eyes(run, "resolve_happened", step_name, approval)
+        stays_terminated = run.state == RunState.TERMINATED
+        if (run.state in TERMINAL_RUN_STATES and not stays_terminated) or _live_lease(run, now):
+            raise InvalidTransition(f"run {workflow_id} is {run.state}; it cannot be changed now")
+        _abandon_running_steps(run, now, actor)
+        step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
+        if step is None or step.state != StepState.UNKNOWN:
+            raise InvalidTransition(f"step {step_name} is not waiting for reconciliation")
+        early = None if happened else _absent_too_early(run, step, actor, now)
+        before = _snap(run, step)
+        _fresh_budget(step)
+        if happened:
+            step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+            step.remote_ref = remote_ref
+            step.result = {"remote_ref": remote_ref, "resolved_by": _actor_fields(actor)["actor"]}
+        elif stays_terminated:
+            step.state = StepState.SKIPPED
+        else:
+            step.state = _check(STEP_TRANSITIONS, "reset", step.state, "step")
+        _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
+        if not stays_terminated:
+            _release_into(run, RunState.PENDING, reason=f"{step_name}: resolved by an operator")
+            _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        evidence = {"happened": happened, **({"remote_ref": remote_ref} if happened else {})}
+        if early is not None:
+            evidence["in_flight_until"] = early
+        _audit(
+            run,
+            "resolve",
+            actor=actor,
+            step_name=step_name,
+            reason=reason,
+            before=before,
+            after={**_snap(run, step), "evidence": evidence},
+            now=now,
+        )
+        dispatch.enqueue_run(run.pk)
+        return run
+
+
+def _absent_too_early(
+    run: WorkflowRun, step: StepExecution, actor: AbstractBaseUser | None, now: datetime
+) -> str | None:
+    """ "It did not happen" while the step's last request may still commit (its in-flight
+    window is open, or unbounded) is a supervisor's call: the step would be performed again
+    beside a request that can still land. Returns the window's end (None when it is closed)."""
+    until = get_workflow(run.workflow_name).get_step(step.step_name).in_flight_until(step.last_attempt_at)
+    if until is not None and until <= now:
+        return None
+    if actor is not None and permissions.role_of(actor) < permissions.Role.SUPERVISOR:
+        sent = f" sent at {step.last_attempt_at:%H:%M:%S} UTC" if step.last_attempt_at else ""
+        still = f"until {until:%H:%M:%S} UTC" if until is not None else "at any time (no in-flight bound)"
+        raise InvalidTransition(
+            f"{step.step_name}: the request{sent} may still commit {still}; only a supervisor can declare "
+            "that it did not happen before then"
+        )
+    return until.isoformat() if until is not None else "unbounded"
+
+
+def run_terminate(
+    *,
+    workflow_id: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+    approval: ApprovalRequest | None = None,
+) -> WorkflowRun:
+    """Stop the run for good. Effects already made stay made (compensate them explicitly);
+    a live executor's next fenced write fails, so it cannot continue."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        _four_eyes(run, "terminate", "", approval)
+        before = _snap(run)
+        _check(RUN_TRANSITIONS, "terminate", run.state, "run")
+        abandoned = _abandon_running_steps(run, now, actor)  # a live executor's call may land or not
+        _release_into(run, RunState.TERMINATED, reason=reason)
+        run.lease_generation += 1  # fence out any executor still holding a lease
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        after = {**_snap(run), "steps_now_unknown": abandoned} if abandoned else _snap(run)
+        _audit(run, "terminate", actor=actor, reason=reason, before=before, after=after, now=now)
+        return run
+
+
+def decision_supersede(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Set aside the accepted model decision so that the step decides again, as a new
+    version (rule 4: a new decision needs a recorded reason). Only before any later step
+    has used it."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        if run.state in TERMINAL_RUN_STATES or _live_lease(run, now):
+            raise InvalidTransition(
+                f"run {workflow_id} is {run.state}; a decision can only be replaced on a stopped run"
+            )
+        decision = (
+            ModelDecision.objects.select_for_update()
+            .filter(run=run, step_name=step_name, state=DecisionState.ACCEPTED)
+            .first()
+        )
+        if decision is None:
+            raise InvalidTransition(f"step {step_name} has no accepted decision")
+        step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        later = StepExecution.objects.filter(run=run, position__gt=step.position).filter(
+            ~Q(state=StepState.PENDING) | Q(attempts__gt=0)
+        )
+        if later.exists():
+            # Its key was already sent with a request built from this decision: resending it
+            # with a different payload would be a conflict at the receiver.
+            raise InvalidTransition("a later step already acted on this decision; compensate it first")
+        before = {**_snap(run, step), "decision_version": decision.version}
+        decision.state = DecisionState.SUPERSEDED
+        decision.superseded_reason = redact_text(reason)
+        decision.save(update_fields=["state", "superseded_reason"])
+        step.state = StepState.PENDING
+        step.remote_ref = ""
+        step.result = None
+        _fresh_budget(step)
+        _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
+        if run.state != RunState.PENDING:
+            _release_into(run, RunState.PENDING, reason=f"{step_name}: decision superseded")
+            _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        _audit(
+            run,
+            "decision_supersede",
+            actor=actor,
+            step_name=step_name,
+            reason=reason,
+            before=before,
+            after=_snap(run, step),
+            now=now,
+        )
+        dispatch.enqueue_run(run.pk)
+        return run
+
+
+
+
+# --- four-eyes: an action, requested by one person, approved by another ------------------
+
+LABELS = {"compensate": "compensate", "terminate": "terminate", "resolve_happened": "mark succeeded"}
+
+
+def needs_approval(run: WorkflowRun, action: str) -> bool:
+    """Whether the run's workflow puts ``action`` behind a second supervisor (``four_eyes``)."""
+    try:
+        return action in get_workflow(run.workflow_name).four_eyes
+    except LookupError:
+        return False
+
+
+def _four_eyes(run: WorkflowRun, action: str, step_name: str, approval: ApprovalRequest | None) -> None:
+    """Refuse ``action`` unless the workflow lets it run directly or ``approval`` is its
+    granted request (approval_grant runs the action with it, in the grant's transaction)."""
+    if not needs_approval(run, action):
+        return
+    if approval is not None and (approval.run_id, approval.action, approval.step_name) == (run.pk, action, step_name):
+        if approval.state == ApprovalState.APPROVED or approval is _DRY_RUN.get():
+            return
+    raise ApprovalRequired(
+        f"{LABELS[action]} on {run.workflow_name} runs needs a second supervisor's approval: request it on the "
+        "run's page (or manage.py approval request)"
+    )
+
+
+# While a request is checked, the action runs once against it and is rolled back (_dry_run).
+_DRY_RUN: ContextVar[ApprovalRequest | None] = ContextVar("recovery_approval_dry_run", default=None)

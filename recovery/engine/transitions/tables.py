@@ -1,0 +1,77 @@
+"""The allowed transitions of a run and of a step: action -> (states it may start from, state it
+leads to). Every transition function checks its move against these tables."""
+
+from __future__ import annotations
+
+from recovery.models import (
+    RunState,
+    StepState,
+)
+
+EXECUTOR = "executor"
+
+# action -> (states it may start from, state it leads to)
+RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
+    "claim": (frozenset({RunState.PENDING, RunState.WAITING, RunState.RUNNING}), RunState.RUNNING),
+    "claim_compensation": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATING),
+    "wait": (frozenset({RunState.RUNNING}), RunState.WAITING),
+    "release": (frozenset({RunState.RUNNING}), RunState.PENDING),
+    "complete": (frozenset({RunState.RUNNING}), RunState.COMPLETED),
+    "review": (frozenset({RunState.RUNNING, RunState.COMPENSATING}), RunState.NEEDS_REVIEW),
+    "fail": (frozenset({RunState.RUNNING}), RunState.FAILED),
+    "resume": (frozenset({RunState.NEEDS_REVIEW, RunState.FAILED, RunState.WAITING}), RunState.PENDING),
+    "terminate": (
+        frozenset(
+            {
+                RunState.PENDING,
+                RunState.RUNNING,
+                RunState.WAITING,
+                RunState.NEEDS_REVIEW,
+                RunState.FAILED,
+                RunState.COMPENSATION_FAILED,
+            }
+        ),
+        RunState.TERMINATED,
+    ),
+    "compensate": (
+        frozenset(
+            {
+                RunState.PENDING,
+                RunState.WAITING,
+                RunState.NEEDS_REVIEW,
+                RunState.FAILED,
+                RunState.COMPLETED,
+                RunState.COMPENSATION_FAILED,
+                RunState.TERMINATED,
+            }
+        ),
+        RunState.COMPENSATING,
+    ),
+    "compensation_wait": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATING),
+    "compensation_fail": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATION_FAILED),
+    # the target depends on what is left: compensated, completed, or needs_review
+    "compensation_done": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATED),
+}
+
+STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
+    "begin": (frozenset({StepState.PENDING, StepState.FAILED, StepState.UNKNOWN}), StepState.RUNNING),
+    "succeed": (frozenset({StepState.RUNNING, StepState.UNKNOWN, StepState.PENDING}), StepState.SUCCEEDED),
+    # a local step's attempt and its success in one commit: from wherever "begin" may start
+    "attempt_succeed": (frozenset({StepState.PENDING, StepState.FAILED, StepState.UNKNOWN}), StepState.SUCCEEDED),
+    # from pending/failed: refused before the call (an intent that cannot be built or conflicts)
+    "fail": (frozenset({StepState.RUNNING, StepState.PENDING, StepState.FAILED}), StepState.FAILED),
+    "mark_unknown": (frozenset({StepState.RUNNING}), StepState.UNKNOWN),
+    "defer_reconcile": (frozenset({StepState.UNKNOWN}), StepState.UNKNOWN),
+    # a look-up missed while the request may still commit: look again at the window's end
+    "await_settle": (frozenset({StepState.UNKNOWN}), StepState.UNKNOWN),
+    "reset": (frozenset({StepState.UNKNOWN, StepState.FAILED}), StepState.PENDING),
+    "skip": (frozenset({StepState.PENDING}), StepState.SKIPPED),
+    "compensate": (frozenset({StepState.SUCCEEDED, StepState.COMPENSATION_FAILED}), StepState.COMPENSATING),
+    "compensation_begin": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATING),
+    "compensation_succeed": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATED),
+    "compensation_fail": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATION_FAILED),
+}
+LEASED_RUN_STATES = frozenset({RunState.RUNNING, RunState.COMPENSATING})
+
+TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED})
+DONE_STEP_STATES = frozenset({StepState.SUCCEEDED, StepState.SKIPPED})
