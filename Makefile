@@ -35,7 +35,7 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
-# The whole system under real process death (README "Soak"): the engine's database on a throwaway
+# The whole system under real process death (docs/soak.md): the engine's database on a throwaway
 # PostgreSQL cluster of its own (restarted once), the sandbox's on the server of DATABASE_URL, its
 # own Redis; SOAK_RUNS (500), SOAK_KILL_EVERY, SOAK_TIMEOUT, SOAK_KEEP.
 soak: install

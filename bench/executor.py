@@ -3,7 +3,7 @@ a two-commits-per-step psycopg loop, on the same PostgreSQL, with 1, 2 and 4 wor
 
     .venv/bin/pip install -e '.[bench]'      # dbos (pinned in pyproject.toml's bench extra)
     .venv/bin/python bench/executor.py              # a few minutes: 500 workflows, workers 1,2,4, one repetition
-    .venv/bin/python bench/executor.py --full       # the README's figures: 2,000 workflows, 3 repetitions
+    .venv/bin/python bench/executor.py --full       # docs/performance.md's figures: 2,000 workflows, 3 repetitions
     .venv/bin/python bench/executor.py --workflows 1000 --workers 2 --repeat 5 --only ours,dbos
 
 Workload: M workflows (``--workflows``) of three side-effecting steps; each step inserts one row
@@ -718,7 +718,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, help="repetitions per contender and worker count (1; --full: 3)")
     parser.add_argument("--only", default=",".join(CONTENDERS), help=f"contenders ({','.join(CONTENDERS)})")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL") or DEFAULT_ADMIN_URL)
-    parser.add_argument("--full", action="store_true", help="2,000 workflows, 3 repetitions (the README's figures)")
+    parser.add_argument("--full", action="store_true", help="2,000 workflows, 3 repetitions (docs/performance.md)")
     args = parser.parse_args()
     args.workflows = args.workflows or (2000 if args.full else 500)
     args.repeat = args.repeat or (3 if args.full else 1)

@@ -154,8 +154,8 @@ RECOVERY_HEARTBEAT_SECONDS = float(env("RECOVERY_HEARTBEAT_SECONDS", str(RECOVER
 if not 0 < RECOVERY_HEARTBEAT_SECONDS <= RECOVERY_LEASE_SECONDS / 2:
     raise ImproperlyConfigured("RECOVERY_HEARTBEAT_SECONDS must be > 0 and at most half of RECOVERY_LEASE_SECONDS")
 # The default in-flight bound of a step that declares none is its call's timeout plus this: how
-# long a receiver may still commit a request after its caller gave up (README "Unknown outcomes
-# and the in-flight window"). A look-up that finds nothing proves absence only after it.
+# long a receiver may still commit a request after its caller gave up (docs/recovery-contract.md
+# "Unknown outcomes and the in-flight window"). A look-up that finds nothing proves absence only after it.
 RECOVERY_SETTLE_SECONDS = float(env("RECOVERY_SETTLE_SECONDS", "60"))
 if RECOVERY_SETTLE_SECONDS < 0:
     raise ImproperlyConfigured("RECOVERY_SETTLE_SECONDS must be ≥ 0")
@@ -194,7 +194,7 @@ OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "20"))
 # records. recovery.apps also redacts every record where it is created, for other handlers.
 
 # --- Hostile input: Content-Security-Policy and request limits ----------------------------
-# (kept in one block: README "Hostile input and Content-Security-Policy")
+# (kept in one block: docs/security.md "Hostile input and Content-Security-Policy")
 # Every response carries an enforced policy: scripts and styles only from our own static
 # files (htmx is vendored), no inline script, no inline style, no eval, no plugins, no framing,
 # forms and requests only to this origin. Console pages never need a nonce. Django's admin
@@ -235,7 +235,7 @@ LOGGING = {
 # step_state_kind_idx INCLUDEs run_id on PostgreSQL; SQLite builds it on the key columns only.
 SILENCED_SYSTEM_CHECKS = ["models.W040"]
 
-# --- Access control and production security (README "Security") ---------------------------
+# --- Access control and production security (docs/security.md) ----------------------------
 # One block on purpose: Content-Security-Policy lives in its own block, maintained apart.
 AUTHENTICATION_BACKENDS = ["recovery.console.login_throttle.ThrottledModelBackend"]
 # A username with this many failed logins in the last RECOVERY_LOGIN_LOCKOUT_SECONDS is refused

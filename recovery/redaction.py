@@ -1,4 +1,4 @@
-"""Redaction: what the engine persists or logs never carries a credential (SPEC rule 6).
+"""Redaction: what the engine persists or logs never carries a credential (contract rule 6).
 
     redact({"password": "hunter2", "note": "Authorization: Bearer abc.def.ghi"})
     == {"password": "[REDACTED]", "note": "Authorization: [REDACTED:bearer]"}

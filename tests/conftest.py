@@ -70,7 +70,7 @@ def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 60) -> Wor
 
 
 def lease_expired_running_steps() -> list:
-    """Steps `running` whose run's lease has expired (SPEC §4: none may exist at rest)."""
+    """Steps `running` whose run's lease has expired (the failure tests: none may exist at rest)."""
     from recovery.models import StepExecution, StepState
 
     now = engine_clock.now()

@@ -5,8 +5,8 @@ The rule, project-wide: the method first (405 for everyone), then who is calling
 redirects an anonymous caller to the login page, the event API and the simulated systems answer
 401 without their credential, the admin redirects to its own login), then the role (403). A URL
 the resolver knows but this table does not is a failing test (``test_every_url_is_in_the_matrix``).
-SPEC §5 "per-action permissions, CSRF on every POST"; §2 rule 11 "a manual retry never bypasses
-permission checks"."""
+Per-action permissions, CSRF on every POST; rule 11: a manual retry never bypasses
+permission checks."""
 
 from __future__ import annotations
 

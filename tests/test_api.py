@@ -1,4 +1,4 @@
-"""The event ingestion API (SPEC §5, §6) and the commands that manage its tokens and the
+"""The event ingestion API (docs/operating.md "Event API") and the commands that manage its tokens and the
 console's users. A business event starts one run however often it is delivered (rule 1:
 the workflow id comes from the event); every refused request writes nothing."""
 

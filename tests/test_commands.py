@@ -1,4 +1,4 @@
-"""SPEC §6 commands: names, output shapes, and bad input that changes nothing."""
+"""docs/operating.md "Commands" commands: names, output shapes, and bad input that changes nothing."""
 
 import json
 from io import StringIO

@@ -1,4 +1,4 @@
-"""Rule 10 and SPEC §4.6–4.7: compensate, don't pretend to roll back."""
+"""Rule 10 and failure tests 6–7: compensate, don't pretend to roll back."""
 
 import pytest
 from django.conf import settings
@@ -37,7 +37,7 @@ def states(run):
 
 
 def test_late_permanent_failure_compensates_earlier_effects_in_reverse_order(clock, automatic):
-    """SPEC §4.6: the ledger refuses (403) after a task and a message exist."""
+    """failure test 6: the ledger refuses (403) after a task and a message exist."""
     receivers.arm("ledger", "forbidden")
     run = drive(start(), clock)
     assert run.state == RunState.COMPENSATED
@@ -74,7 +74,7 @@ def test_operator_policy_waits_and_the_operator_compensates_the_whole_run(clock,
 
 
 def test_failed_compensation_stays_visible_and_is_not_reported_as_rolled_back(clock, automatic, supervisor):
-    """SPEC §4.7: the task service refuses the cancel."""
+    """failure test 7: the task service refuses the cancel."""
     receivers.arm("ledger", "forbidden")
     receivers.arm("task_cancel", "forbidden")
     run = drive(start(), clock)

@@ -61,7 +61,7 @@ def test_fifty_concurrent_starts_of_one_event_make_one_run(postgres_only):
 
 
 def test_the_same_queue_event_delivered_concurrently_makes_one_copy_of_each_effect(postgres_only, monkeypatch):
-    """SPEC §4.8: twenty consumers get the same event at once; each starts and advances."""
+    """failure test 8: twenty consumers get the same event at once; each starts and advances."""
     monkeypatch.setenv("RECOVERY_FAILPOINTS", "*:before_call=sleep(20)")
 
     def consume(i):

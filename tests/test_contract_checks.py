@@ -1,4 +1,4 @@
-"""SPEC §3: the contract is data; `manage.py check` refuses a workflow with holes in it."""
+"""the contract table: the contract is data; `manage.py check` refuses a workflow with holes in it."""
 
 from datetime import timedelta
 
@@ -78,7 +78,7 @@ def test_keys_depend_on_workflow_step_and_contract_version_only():
 
 
 def test_a_call_that_cannot_end_inside_the_lease_fails_check_with_the_numbers(scratch_workflow, settings):
-    """SPEC rule 12: no call stays in flight past the lease of the executor that made it."""
+    """contract rule 12: no call stays in flight past the lease of the executor that made it."""
     settings.RECOVERY_LEASE_SECONDS, settings.RECOVERY_HEARTBEAT_SECONDS = 30, 10
 
     @scratch_workflow.step(effect="creates a ticket", rerun=Rerun.NO, reconcile=Reconcile.OPERATOR, timeout=25)
@@ -106,7 +106,7 @@ def test_the_model_providers_timeout_is_checked_against_the_lease(settings):
 
 
 def test_an_in_flight_bound_shorter_than_the_calls_timeout_fails_check(scratch_workflow, settings):
-    """SPEC rule 7: a miss proves absence only once the request can no longer commit; a bound
+    """contract rule 7: a miss proves absence only once the request can no longer commit; a bound
     shorter than the caller's own wait cannot say that."""
     settings.RECOVERY_LEASE_SECONDS, settings.RECOVERY_HEARTBEAT_SECONDS = 30, 10
 

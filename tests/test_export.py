@@ -1,4 +1,4 @@
-"""SPEC §1 (auditors export audit trails) and §6 (`export_audit --format csv|jsonl`): every
+"""Auditors export audit trails (`export_audit --format csv|jsonl`): every
 audit event, in order, filterable, safe to open in a spreadsheet, streamed in constant memory,
 and only for users allowed to read the console."""
 

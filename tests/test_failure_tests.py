@@ -1,4 +1,4 @@
-"""The seed's failure tests (SPEC §4) at engine level, against counting receivers.
+"""The seed's failure tests (the failure tests) at engine level, against counting receivers.
 
 Each arranges a fault, runs the workflow, resumes it the way production would, then asserts
 the outcome AND counts what must not exist: tasks, messages, ledger entries, model calls.
@@ -41,7 +41,7 @@ def test_happy_path_completes_with_one_object_per_side_effect(clock):
 
 @pytest.mark.parametrize("name", ["create_task", "notify", "post_entry"])
 def test_crash_before_the_external_request_performs_the_action_exactly_once(clock, monkeypatch, name):
-    """SPEC §4.1: the intent is checkpointed, the worker dies before calling."""
+    """failure test 1: the intent is checkpointed, the worker dies before calling."""
     run = start()
     crash_at(monkeypatch, f"{name}:before_call", lambda: advance(run.pk))
     run.refresh_from_db()
@@ -57,7 +57,7 @@ def test_crash_before_the_external_request_performs_the_action_exactly_once(cloc
 
 @pytest.mark.parametrize("name", ["create_task", "notify", "post_entry"])
 def test_crash_after_receiver_commit_reconciles_to_exactly_one_object(clock, monkeypatch, name):
-    """SPEC §4.2: the receiver committed, the worker died before saving the response. The
+    """failure test 2: the receiver committed, the worker died before saving the response. The
     resumed run looks the object up by key (or resends the same key) instead of creating a
     second one."""
     run = start()
@@ -89,7 +89,7 @@ def test_response_lost_after_commit_is_unknown_then_reconciled(clock, kind, name
 
 
 def test_rate_limit_twice_then_success_backs_off_and_completes(clock):
-    """SPEC §4.3: two 429s with Retry-After, then success."""
+    """failure test 3: two 429s with Retry-After, then success."""
     receivers.arm("task", "rate_limit", times=2)
     run = start()
     t0 = clock.now()
@@ -116,7 +116,7 @@ def test_rate_limit_twice_then_success_backs_off_and_completes(clock):
 
 
 def test_permanent_auth_error_spends_no_retry_budget(clock):
-    """SPEC §4.4: a 403 stops the run at once; no transient retry is scheduled."""
+    """failure test 4: a 403 stops the run at once; no transient retry is scheduled."""
     receivers.arm("message", "forbidden")
     run = drive(start(), clock)
     assert run.state == RunState.FAILED
@@ -141,7 +141,7 @@ def test_transient_errors_until_the_budget_runs_out_go_to_review(clock):
 
 
 def test_restart_after_decision_saved_reuses_the_accepted_decision(clock, monkeypatch):
-    """SPEC §4.5: the worker dies right after the decision is checkpointed; the re-run
+    """failure test 5: the worker dies right after the decision is checkpointed; the re-run
     uses it and the model is not asked again (it would answer differently)."""
     run = start()
     crash_at(monkeypatch, "decide:after_outcome", lambda: advance(run.pk))
@@ -184,7 +184,7 @@ def test_invalid_model_output_pauses_for_review_keeping_the_bad_output(clock):
 
 
 def test_same_event_started_twice_is_one_run_with_one_copy_of_each_effect(clock):
-    """SPEC §4.8 (sequential half; the concurrent half runs on PostgreSQL)."""
+    """failure test 8 (sequential half; the concurrent half runs on PostgreSQL)."""
     first, created1 = run_start(workflow="test_orders", data=EVENT)
     second, created2 = run_start(workflow="test_orders", data=dict(EVENT))
     assert (created1, created2) == (True, False) and first.pk == second.pk

@@ -1,4 +1,4 @@
-"""The in-flight window (SPEC rule 7), the heartbeat (rule 12) and a database that goes away.
+"""The in-flight window (contract rule 7), the heartbeat (rule 12) and a database that goes away.
 
 A look-up that finds nothing proves that a call never took effect only once the request can no
 longer commit: its in-flight bound has passed since it was sent. Receivers here commit late, on

@@ -1,4 +1,4 @@
-"""The eight failure tests of SPEC §4 on the invoice workflow, over real HTTP to the simulated
+"""The eight failure tests of the failure tests on the invoice workflow, over real HTTP to the simulated
 systems (a live server) with their own database. After each: count tasks, messages and ledger
 entries, and check leases, remote references and terminal states."""
 

@@ -1,4 +1,4 @@
-"""Secrets and sensitive data (issue 7; SPEC rule 6): checkpoints, audit events, exports and logs
+"""Secrets and sensitive data (issue 7; contract rule 6): checkpoints, audit events, exports and logs
 never hold a credential. recovery.redaction's rules, then the engine's use of them, then a run
 of everything with planted secrets, greping a dump of the whole database, both exports and the
 logs for them."""

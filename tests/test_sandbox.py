@@ -1,4 +1,4 @@
-"""The simulated external systems (SPEC §5): a task tracker that honours Idempotency-Key, a
+"""The simulated external systems (docs/operating.md): a task tracker that honours Idempotency-Key, a
 messenger that never dedupes, a ledger with unique references and reversals, and scripted
 faults stored in their own database."""
 

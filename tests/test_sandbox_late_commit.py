@@ -1,8 +1,8 @@
-"""The simulated systems reproduce every unknown-outcome path (SPEC §5: "real HTTP endpoints …
-with scripted faults … so that the unknown-outcome path is real, not mocked"; SPEC §2: a
+"""The simulated systems reproduce every unknown-outcome path (docs/operating.md: "real HTTP endpoints …
+with scripted faults … so that the unknown-outcome path is real, not mocked"; the rules: a
 timeout means "it may have happened", never "it did not"): a late commit (the receiver finishes
 the request after the caller gave up), and faults on every operation, look-ups and compensations
-included, armed through the ``sandbox fault`` command of SPEC §6."""
+included, armed through the ``sandbox fault`` command of docs/operating.md "Commands"."""
 
 import os
 import subprocess
@@ -108,7 +108,7 @@ def late_write(api, base: str, operation: str):
     "operation", ["tasks create", "messages send", "ledger post", "messages correct", "ledger reverse"]
 )
 def test_late_commit_writes_only_after_the_caller_gave_up(api, sandbox_url, operation):
-    """SPEC §2/§5: a timeout is an unknown outcome, and the commonest one is a late commit; the
+    """the rules: a timeout is an unknown outcome, and the commonest one is a late commit; the
     sandbox reproduces it for real: the row's creation time is after the caller's timeout."""
     gave_up, written = late_write(api, sandbox_url, operation)
     wait_for(written)
@@ -117,7 +117,7 @@ def test_late_commit_writes_only_after_the_caller_gave_up(api, sandbox_url, oper
 
 
 def test_a_late_committed_task_is_found_by_its_key_and_a_retry_with_that_key_replays_it(api, sandbox_url):
-    """SPEC §2: a stable idempotency key makes the retry after an unknown outcome safe: after a
+    """the rules: a stable idempotency key makes the retry after an unknown outcome safe: after a
     late commit, the look-up finds the one task and the same request replays it."""
     _, written = late_write(api, sandbox_url, "tasks create")
     wait_for(written)
@@ -129,7 +129,7 @@ def test_a_late_committed_task_is_found_by_its_key_and_a_retry_with_that_key_rep
 
 
 def test_late_commit_waits_before_it_performs_and_commit_then_drop_after(api, monkeypatch):
-    """SPEC §5: commit_then_drop commits at once and loses the answer; late_commit commits only
+    """docs/operating.md: commit_then_drop commits at once and loses the answer; late_commit commits only
     once its wait is over (what is written when the wait begins tells them apart)."""
     seen_when_waiting: list = []
     monkeypatch.setattr(services.time, "sleep", lambda seconds: seen_when_waiting.append(Message.objects.count()))
@@ -141,7 +141,7 @@ def test_late_commit_waits_before_it_performs_and_commit_then_drop_after(api, mo
 
 
 def test_late_commit_waits_one_second_past_the_read_timeout_by_default(api, monkeypatch, settings):
-    """SPEC §5: by default a late commit lands after the adapters' read timeout."""
+    """docs/operating.md: by default a late commit lands after the adapters' read timeout."""
     settings.RECOVERY_HTTP_TIMEOUT = 1.0
     waited: list = []
     monkeypatch.setattr(services.time, "sleep", waited.append)
@@ -158,7 +158,7 @@ def test_late_commit_waits_one_second_past_the_read_timeout_by_default(api, monk
     "mode,status", [("unavailable", 503), ("fail_before_commit", 500), ("forbidden", 403), ("rate_limit", 429)]
 )
 def test_a_refused_lookup_answers_its_status_changes_nothing_and_the_next_one_answers(api, service, mode, status):
-    """SPEC §2: a look-up that fails proves nothing either way; the refusing modes never run it
+    """the rules: a look-up that fails proves nothing either way; the refusing modes never run it
     and write nothing, and the fault hits exactly the calls it was armed for."""
     seed(api)
     path, query = LOOKUPS[service]
@@ -175,7 +175,7 @@ def test_a_refused_lookup_answers_its_status_changes_nothing_and_the_next_one_an
 
 @pytest.mark.parametrize("service", list(LOOKUPS))
 def test_a_slow_lookup_answers_late_and_correctly(api, service):
-    """SPEC §5 (slow): the look-up waits, then answers what is there."""
+    """docs/operating.md (slow): the look-up waits, then answers what is there."""
     seed(api)
     path, query = LOOKUPS[service]
     expected = api.get(path, query).json()
@@ -189,7 +189,7 @@ def test_a_slow_lookup_answers_late_and_correctly(api, service):
 
 @pytest.mark.parametrize("mode", ["commit_then_drop", "late_commit"])
 def test_a_dropped_lookup_answers_after_the_caller_gave_up_and_the_next_one_answers(api, sandbox_url, mode):
-    """SPEC §2: a reconciling look-up can itself time out (an unknown, not an empty answer);
+    """the rules: a reconciling look-up can itself time out (an unknown, not an empty answer);
     commit_then_drop and late_commit on a read hold the answer past the caller's timeout."""
     task = create_task(api).json()
     faults.set_fault("tasks", "find", mode, delay_ms=LATE_MS)
@@ -206,7 +206,7 @@ def test_a_dropped_lookup_answers_after_the_caller_gave_up_and_the_next_one_answ
 
 
 def test_a_correction_that_fails_before_commit_writes_nothing_and_the_next_one_works(api):
-    """SPEC §2: a compensation is a side effect like any other; a refused one changed nothing."""
+    """the rules: a compensation is a side effect like any other; a refused one changed nothing."""
     original = send(api).json()
     faults.set_fault("messages", "correct", "fail_before_commit")
     url = f"/sandbox/messages/{original['id']}/corrections"
@@ -219,7 +219,7 @@ def test_a_correction_that_fails_before_commit_writes_nothing_and_the_next_one_w
 
 
 def test_a_reversal_that_fails_before_commit_writes_nothing_and_the_next_one_works(api):
-    """SPEC §2: a refused reversal neither reverses the entry nor takes its reference."""
+    """the rules: a refused reversal neither reverses the entry nor takes its reference."""
     entry = post_entry(api).json()
     faults.set_fault("ledger", "reverse", "fail_before_commit")
     url = f"/sandbox/ledger/entries/{entry['id']}/reverse"
@@ -239,7 +239,7 @@ def test_a_reversal_that_fails_before_commit_writes_nothing_and_the_next_one_wor
     ],
 )
 def test_a_malformed_request_is_a_400_and_consumes_no_fault(api, service, operation, path):
-    """SPEC §6: bad input is refused before anything else happens, an armed fault included."""
+    """docs/operating.md "Commands": bad input is refused before anything else happens, an armed fault included."""
     faults.set_fault(service, operation, "unavailable")
     assert post(api, path, {}).status_code == 400
     assert Fault.objects.get().remaining == 1
@@ -249,7 +249,7 @@ def test_a_malformed_request_is_a_400_and_consumes_no_fault(api, service, operat
 
 
 def test_every_operation_of_every_service_is_faultable_with_every_mode():
-    """SPEC §6: `sandbox fault SERVICE OPERATION MODE` names create|cancel|find, send|find|correct,
+    """docs/operating.md "Commands": `sandbox fault SERVICE OPERATION MODE` names create|cancel|find, send|find|correct,
     post|find|reverse; the mode and operation columns hold every name."""
     assert {s: list(ops) for s, ops in FAULTABLE.items()} == {
         "tasks": ["create", "cancel", "find"],
@@ -267,7 +267,7 @@ def test_every_operation_of_every_service_is_faultable_with_every_mode():
 
 
 def test_the_command_arms_late_commit_on_a_compensation_and_says_when_it_lands():
-    """SPEC §6: `sandbox fault ledger reverse late_commit` arms one call, said in one line."""
+    """docs/operating.md "Commands": `sandbox fault ledger reverse late_commit` arms one call, said in one line."""
     line = run_sandbox("fault", "ledger", "reverse", "late_commit")
     assert line == "armed: ledger reverse late_commit for the next 1 call(s), delay: read timeout + 1 s"
     line = run_sandbox("fault", "tasks", "find", "late_commit", "--delay-ms", "1500", "--times", "2")
@@ -276,7 +276,7 @@ def test_the_command_arms_late_commit_on_a_compensation_and_says_when_it_lands()
 
 
 def test_the_command_refuses_an_operation_the_service_lacks_naming_the_ones_it_has():
-    """SPEC §6: bad arguments are one line, exit ≠ 0, nothing written."""
+    """docs/operating.md "Commands": bad arguments are one line, exit ≠ 0, nothing written."""
     with pytest.raises(CommandError) as info:
         run_sandbox("fault", "ledger", "correct", "late_commit")
     assert str(info.value) == "unknown operation 'correct' for ledger (expected one of: post, find, reverse)"
@@ -284,7 +284,7 @@ def test_the_command_refuses_an_operation_the_service_lacks_naming_the_ones_it_h
 
 
 def test_the_command_refuses_an_unknown_operation_with_one_line_on_stderr_from_the_shell(settings):
-    """SPEC §6: from the shell, a bad operation is one line on stderr and a non-zero exit."""
+    """docs/operating.md "Commands": from the shell, a bad operation is one line on stderr and a non-zero exit."""
     result = subprocess.run(
         [sys.executable, str(settings.BASE_DIR / "manage.py"), "sandbox", "fault", "messages", "cancel", "late_commit"],
         capture_output=True,

@@ -1,4 +1,4 @@
-"""``seed_demo`` (SPEC §6): a realistic mix of invoice runs, every one made by the engine's own
+"""``seed_demo`` (docs/operating.md "Commands"): a realistic mix of invoice runs, every one made by the engine's own
 transitions against the simulated systems over real HTTP, never by writing rows. Seeding twice
 changes nothing (rule 1: the same event is the same run), and no side effect exists twice."""
 

@@ -1,6 +1,6 @@
 """Property: random sequences of executor work, receiver faults, crashes and operator
 transitions never reach an illegal state, never double a side effect, and a finished run
-moves only through an explicit operator transition (SPEC rules 7, 11, 12)."""
+moves only through an explicit operator transition (contract rules 7, 11, 12)."""
 
 import itertools
 

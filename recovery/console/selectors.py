@@ -14,7 +14,7 @@ from recovery.models import DecisionState, RunState, StepExecution, StepState, W
 
 
 def run_document(workflow_id: str) -> dict[str, Any]:
-    """The run as ``show_run --json`` prints it (SPEC §6)."""
+    """The run as ``show_run --json`` prints it (docs/operating.md "Commands")."""
     run = WorkflowRun.objects.get(workflow_id=workflow_id)
     return {
         "workflow_id": run.workflow_id,

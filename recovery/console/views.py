@@ -49,8 +49,8 @@ require_POST = require_methods("POST")
 
 def permission_required(action: str):
     """Login first (a page redirects to the login form); then the role, checked on the server.
-    Views put the method check outside this one: a wrong method is 405 for everyone (README
-    "Security": method, then session, then role; a refusal changes nothing)."""
+    Views put the method check outside this one: a wrong method is 405 for everyone (docs/security.md
+    "Who may do what": method, then session, then role; a refusal changes nothing)."""
 
     def decorate(view):
         @wraps(view)

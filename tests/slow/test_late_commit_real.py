@@ -1,7 +1,7 @@
 """The issue's reproduction, with real processes: a messenger that commits a message long after
 our publisher gave up, and a second executor that looks for it in between. One message.
 
-SPEC rule 7: a look-up that finds nothing proves absence only once the request can no longer
+contract rule 7: a look-up that finds nothing proves absence only once the request can no longer
 commit. Timing-safe: the late commit comes LATE_MS after the request, far longer than a process
 start; whether the second executor looked before or after it landed, exactly one message may
 exist, and if it looked before, it must have waited (``outbox_settle_wait``) instead of sending.

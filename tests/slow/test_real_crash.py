@@ -1,6 +1,6 @@
 """A real crash: a worker process is SIGKILLed at a failpoint; a second process resumes.
 
-SPEC §4.1 and §4.2 with real processes: the receiver's commit survives in its own
+failure tests 1 and 2 with real processes: the receiver's commit survives in its own
 transaction, the dead worker's step is found `running` past its lease, treated as unknown,
 reconciled, and exactly one remote object exists.
 

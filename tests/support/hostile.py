@@ -1,4 +1,4 @@
-"""Hostile text planted in every field the console shows (SPEC §1: operators read model output,
+"""Hostile text planted in every field the console shows (docs/recovery-contract.md: operators read model output,
 invoice text and remote errors that nobody here wrote). Used by tests/test_hostile_input.py
 (the raw HTML) and tests/browser/test_hostile_browser.py (a real browser).
 

@@ -3,7 +3,7 @@
 A provider turns an invoice into the model's raw output text (JSON). It never validates,
 stores or acts on that text: the engine validates it against :class:`InvoiceDecision`,
 stores the accepted decision and reuses it on every re-run, and pauses the run for review
-after a few schema-invalid outputs (SPEC rule 4 and rule 8).
+after a few schema-invalid outputs (contract rule 4 and rule 8).
 
 Two providers:
 

@@ -1,5 +1,5 @@
 """The seed's invoice workflow: read → classify → create approval task → notify approver →
-post ledger entry, with its recovery contract (SPEC §3)."""
+post ledger entry, with its recovery contract (the contract table)."""
 
 from __future__ import annotations
 

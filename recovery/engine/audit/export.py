@@ -1,4 +1,4 @@
-"""The audit trail export for auditors (SPEC §1, §6 ``export_audit``): one row per
+"""The audit trail export for auditors (``export_audit``): one row per
 ``AuditEvent``, ordered by (``at``, ``id``), as CSV or JSON Lines.
 
 Columns, in this order: ``at`` (ISO 8601, UTC, always with microseconds), ``workflow_id``,

@@ -12,7 +12,7 @@ class Command(RecoveryCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("workflow_id")
-        parser.add_argument("--json", action="store_true", help="print JSON (SPEC §6 shape)")
+        parser.add_argument("--json", action="store_true", help="print JSON (the shape docs/operating.md documents)")
 
     def handle(self, *args, workflow_id, json: bool, **options):
         try:
