@@ -33,6 +33,7 @@ run: migrate
 # SANDBOX_DATABASE_URL and CELERY_BROKER_URL; on the embedded default the PostgreSQL-only tests skip with a reason.
 test: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 # The whole system under real process death (docs/soak.md): the engine's database on a throwaway

@@ -165,7 +165,7 @@ MATRIX: list[Row] = [
         changes=True,
     ),
     Row(
-        "console:demo",
+        "demo",
         "demo: arm a fault",
         Console(Role.SUPERVISOR),
         {**READ, "POST": 200},
@@ -174,7 +174,7 @@ MATRIX: list[Row] = [
         changes=True,
     ),
     Row(
-        "console:demo",
+        "demo",
         "demo: clear",
         Console(Role.SUPERVISOR),
         {**READ, "POST": 200},
@@ -183,7 +183,7 @@ MATRIX: list[Row] = [
         changes=True,
     ),
     Row(
-        "console:demo",
+        "demo",
         "demo: start an invoice",
         Console(Role.SUPERVISOR),
         {**READ, "POST": 200},

@@ -46,7 +46,7 @@ def act(client, run, action, *, step="", reason="checked with the team", version
 
 
 @pytest.mark.parametrize(
-    "name,args", [("console:runs", []), ("console:dashboard", []), ("console:demo", []), ("console:run", ["order:t:x"])]
+    "name,args", [("console:runs", []), ("console:dashboard", []), ("demo", []), ("console:run", ["order:t:x"])]
 )
 def test_every_page_needs_a_session(name, args):
     response = Client().get(reverse(name, args=args))
@@ -209,7 +209,7 @@ def test_htmx_refresh_returns_only_the_part_asked_for_and_keeps_the_filters(cloc
 def test_dashboard_and_demo_pages(clock):
     failed_run(clock)
     assert "<svg" in login("viewer").get(reverse("console:dashboard")).text
-    assert login("operator").get(reverse("console:demo")).status_code == 403
+    assert login("operator").get(reverse("demo")).status_code == 403
 
 
 def test_bulk_with_a_run_id_holding_a_line_break_is_400_with_a_message_and_changes_nothing(clock):

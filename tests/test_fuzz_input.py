@@ -217,7 +217,7 @@ def test_demo_posts_never_fail_with_a_5xx_and_a_refusal_writes_nothing():
         }
         with rolled_back():
             before = snapshot()
-            check(client.post(reverse("console:demo"), data), before)
+            check(client.post(reverse("demo"), data), before)
 
     example()
 

@@ -51,7 +51,7 @@ def test_every_console_page_the_login_page_and_the_admin_carry_the_policy(clock)
         reverse("console:runs") + "?stuck=any",
         reverse("console:run", args=[run.workflow_id]),
         reverse("console:dashboard"),
-        reverse("console:demo"),
+        reverse("demo"),
     ]
     for url in pages:
         response = supervisor.get(url)
@@ -160,12 +160,12 @@ def test_hostile_text_on_the_bulk_result_flash_messages_and_the_demo_page_is_esc
     hostile.assert_escaped(not_waiting.text, [f"run {planted.hostile_id.workflow_id} has no step {hostile.SVG!r}"])
 
     Fault.objects.using("sandbox").create(service="tasks", operation=hostile.SCRIPT[:16], mode=hostile.ALL[:32])
-    demo = supervisor.get(reverse("console:demo"))
+    demo = supervisor.get(reverse("demo"))
     hostile.assert_escaped(demo.text, [hostile.SCRIPT[:16], hostile.ALL[:32]])
-    refused = supervisor.post(reverse("console:demo"), {"what": "fault", "target": "tasks create", "mode": hostile.IMG})
+    refused = supervisor.post(reverse("demo"), {"what": "fault", "target": "tasks create", "mode": hostile.IMG})
     assert refused.status_code == 400
     hostile.assert_escaped(refused.text, [f"unknown mode {hostile.IMG!r}"])
-    start = supervisor.post(reverse("console:demo"), {"what": "start", "invoice_id": hostile.ATTR, "text": "x"})
+    start = supervisor.post(reverse("demo"), {"what": "start", "invoice_id": hostile.ATTR, "text": "x"})
     assert start.status_code == 400
     hostile.assert_escaped(start.text, [])
 
@@ -199,7 +199,7 @@ def test_a_nul_character_in_a_query_form_or_path_is_a_400_that_writes_nothing(cl
         supervisor.get(reverse("console:audit-export"), {"actor": "a\x00"}),
         act(supervisor, run, "retry", step="create_task", reason="why\x00", htmx=False),
         supervisor.post(reverse("console:bulk"), {"action": "resume", "reason": "r", "run": ["x\x00"]}),
-        supervisor.post(reverse("console:demo"), {"what": "start", "invoice_id": "i", "text": "t\x00"}),
+        supervisor.post(reverse("demo"), {"what": "start", "invoice_id": "i", "text": "t\x00"}),
         Client().post(reverse("login"), {"username": "u\x00", "password": "p"}),
     ]:
         assert response.status_code == 400
@@ -257,7 +257,7 @@ def test_a_cursor_that_is_not_a_run_id_shows_the_first_page(clock, after):
 )
 def test_a_demo_fault_number_out_of_range_is_a_400_that_arms_nothing(field, value):
     data = {"what": "fault", "target": "tasks create", "mode": "slow", field: value}
-    response = login("supervisor").post(reverse("console:demo"), data)
+    response = login("supervisor").post(reverse("demo"), data)
     assert response.status_code == 400 and f"{field} must be an integer from" in response.text
     assert not Fault.objects.using("sandbox").exists()
 

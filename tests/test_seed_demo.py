@@ -14,7 +14,6 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from recovery.management.commands.seed_demo import SCENARIOS, sandbox_server
 from recovery.models import (
     AuditEvent,
     DecisionState,
@@ -27,6 +26,7 @@ from recovery.models import (
     WorkflowRun,
 )
 from sandbox import faults
+from sandbox.management.commands.seed_demo import SCENARIOS, sandbox_server
 from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task
 
 SANDBOX_AUTH = {"Authorization": f"Bearer {django_settings.SANDBOX_API_KEY}"}

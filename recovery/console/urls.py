@@ -12,6 +12,5 @@ urlpatterns = [
     path("runs/<path:workflow_id>", views.run_detail, name="run"),
     path("bulk", views.bulk_action, name="bulk"),
     path("dashboard", views.dashboard, name="dashboard"),
-    path("demo", views.demo, name="demo"),
     path("audit/export", export_views.export_audit, name="audit-export"),
 ]

@@ -185,23 +185,10 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
     return _render_run(request, workflow_id, message=message)
 
 
-# --- dashboard and demo -------------------------------------------------------------------
+# --- dashboard ----------------------------------------------------------------------------
 
 
 @require_safe
 @permission_required("view")
 def dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "console/dashboard.html", services.dashboard(now=clock.now()))
-
-
-@require_methods("GET", "HEAD", "POST")
-@permission_required("sandbox")
-def demo(request: HttpRequest) -> HttpResponse:
-    message, status = "", 200
-    if request.method == "POST":
-        try:
-            message = services.demo_action(request.POST, actor=request.user)
-        except ValueError as exc:
-            message, status = str(exc), 400
-    context = {**services.demo_context(), "message": message, "error": status != 200}
-    return render(request, "console/demo.html", context, status=status)

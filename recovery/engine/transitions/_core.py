@@ -386,8 +386,6 @@ def _release_into(run: WorkflowRun, target: RunState, *, wake_at: datetime | Non
     run.status_reason = redact_text(reason)
 
 
-
-
 def _copy(run: WorkflowRun, steps: Iterable[StepExecution]) -> dict[str, Any]:
     """``Lease.seen`` for a run and its steps, each step pointing at that run."""
     by_name = {}
@@ -397,14 +395,10 @@ def _copy(run: WorkflowRun, steps: Iterable[StepExecution]) -> dict[str, Any]:
     return {"run": run, "steps": by_name}
 
 
-
-
 def in_flight_text(sent_at: datetime | None, until: datetime) -> str:
     """ "when the receiver can no longer commit the request sent at …" for a status line."""
     sent = f" sent at {sent_at:%H:%M:%S} UTC" if sent_at is not None else ""
     return f"at {until:%H:%M:%S} UTC, when the receiver can no longer commit the request{sent}"
-
-
 
 
 def run_version(run: WorkflowRun) -> str:

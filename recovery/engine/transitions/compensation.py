@@ -144,8 +144,6 @@ def run_compensate(
         return run
 
 
-
-
 def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = None) -> StepExecution:
     """Record that the compensation call is about to be made (it may be made again after a
     crash: compensations are idempotent under their own key)."""

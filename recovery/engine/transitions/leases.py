@@ -68,8 +68,6 @@ def outbox_dispatch(*, limit: int, now: datetime | None = None) -> list[int]:
     return _dispatch(qs, limit, now)
 
 
-
-
 # --- executor transitions --------------------------------------------------------------
 
 
@@ -142,8 +140,6 @@ def _steps_sql(vendor: str) -> str:
     sql, params = StepExecution.objects.filter(run_id=-1).query.sql_with_params()
     assert list(params) == [-1]
     return sql
-
-
 
 
 def _lease(run: WorkflowRun, steps: Iterable[StepExecution], *, taken_over: bool) -> Lease:

@@ -374,8 +374,6 @@ def decision_supersede(
         return run
 
 
-
-
 # --- four-eyes: an action, requested by one person, approved by another ------------------
 
 LABELS = {"compensate": "compensate", "terminate": "terminate", "resolve_happened": "mark succeeded"}

@@ -95,8 +95,6 @@ def run_start(
     return run, True
 
 
-
-
 def run_wait(*, lease: Lease, wake_at: datetime, reason: str, now: datetime | None = None) -> None:
     """Nothing is due before ``wake_at``: give the run back with its wake-up time."""
     now = now or clock.now()

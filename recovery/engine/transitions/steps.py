@@ -261,8 +261,6 @@ def step_defer_reconcile(
         return step
 
 
-
-
 def step_await_settle(
     *, lease: Lease, step_name: str, until: datetime, sent_at: datetime | None, now: datetime | None = None
 ) -> StepExecution:
