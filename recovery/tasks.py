@@ -13,7 +13,7 @@ from celery import shared_task
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
-from recovery.engine import executor, transitions
+from recovery.engine import executor, publisher, transitions
 from recovery.errors import DatabaseUnavailable
 
 DB_RETRIES = 8  # 1, 2, 4 … 60 s: about five minutes of outage; after that, the sweeper
@@ -51,7 +51,7 @@ def advance_run(self, run_pk: int) -> None:
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, max_retries=DB_RETRIES)
 def publish_outbox(self, outbox_pk: int) -> None:
     try:
-        executor.publish(outbox_pk)
+        publisher.publish(outbox_pk)
     except DatabaseUnavailable as exc:
         countdown = max(database_backoff(self.request.retries), settings.RECOVERY_LEASE_SECONDS)
         raise self.retry(exc=exc, countdown=countdown) from exc

@@ -59,7 +59,8 @@ from django.utils import timezone
 from recovery import clock as engine_clock
 from recovery.engine import failpoints
 from recovery.engine import heartbeat as engine_heartbeat
-from recovery.engine.executor import advance, publish_due
+from recovery.engine.executor import advance
+from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import TERMINAL_RUN_STATES, run_compensate, run_start
 from recovery.errors import PermanentError, RateLimited, TransientError, UnknownOutcome
 from recovery.models import OutboxMessage, OutboxState, RunState, StepExecution, StepState, WorkflowRun

@@ -13,7 +13,8 @@ from django.db import OperationalError
 
 from recovery import tasks
 from recovery.engine import heartbeat, transitions
-from recovery.engine.executor import advance, publish_due
+from recovery.engine.executor import advance
+from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import run_claim, run_start
 from recovery.errors import DatabaseUnavailable, InvalidTransition, UnknownOutcome
 from recovery.models import AuditEvent, OutboxMessage, RunState, StepState, WorkflowRun

@@ -11,7 +11,8 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 
 from recovery.engine import failpoints, transitions
-from recovery.engine.executor import advance, publish_due
+from recovery.engine.executor import advance
+from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import run_start
 from recovery.errors import ErrorKind
 from recovery.models import (
@@ -314,7 +315,7 @@ def test_a_slow_receiver_past_the_timeout_is_unknown_then_found(clock):
 
 def test_outbox_publisher_killed_before_sending_delivers_once_later(clock, monkeypatch):
     """The crash between the commit of the outbox row and the publish."""
-    from recovery.engine.executor import publish_due
+    from recovery.engine.publisher import publish_due
 
     run = start()
     advance(run.pk)  # the run enqueues the message and goes on to the ledger
@@ -332,7 +333,7 @@ def test_outbox_publisher_killed_before_sending_delivers_once_later(clock, monke
 
 
 def test_outbox_publisher_killed_after_sending_never_sends_twice(clock, monkeypatch):
-    from recovery.engine.executor import publish_due
+    from recovery.engine.publisher import publish_due
 
     run = start()
     advance(run.pk)
@@ -369,7 +370,7 @@ def test_compensating_a_message_not_yet_delivered_cancels_it_instead_of_correcti
         "corrections": 0,
         "ledger_reversals": 1,
     }
-    from recovery.engine.executor import publish_due
+    from recovery.engine.publisher import publish_due
 
     assert publish_due() == 0 and faults.counts()["messages"] == 0  # never sent afterwards
 

@@ -11,7 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from recovery import clock as engine_clock
 from recovery.engine import failpoints, transitions
-from recovery.engine.executor import advance, publish_due
+from recovery.engine.executor import advance
+from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import TERMINAL_RUN_STATES, run_start
 from recovery.errors import InvalidTransition
 from recovery.models import RunState, StepState, WorkflowRun

@@ -9,20 +9,18 @@ The same ``advance`` runs in-process (``run_executor``) and inside a Celery task
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-import pydantic
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from recovery import clock
-from recovery.engine import failpoints, heartbeat, transitions
+from recovery.engine import failpoints, transitions
+from recovery.engine.calls import as_outcome, database_unavailable, invoke, validate_decision
+from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import DONE_STEP_STATES, Lease
 from recovery.errors import (
     DatabaseUnavailable,
@@ -104,7 +102,7 @@ def advance(run_pk: int, *, owner: str | None = None) -> str | None:
     try:
         lease = transitions.run_claim(run_pk=run_pk, owner=owner)
     except (OperationalError, InterfaceError) as exc:
-        raise _database_unavailable(exc, f"run {run_pk}") from exc
+        raise database_unavailable(exc, f"run {run_pk}") from exc
     return None if lease is None else _advance_claimed(lease)
 
 
@@ -126,7 +124,7 @@ def _advance_claimed(lease: Lease) -> str | None:
         # The database went away (a restart, a failover, a dropped connection): infrastructure,
         # not a fault of the workflow. Let go; the lease expires and whoever claims the run next
         # finds a step left running unknown and reconciles it. Never park the run for this.
-        raise _database_unavailable(exc, f"run {lease.run_pk}") from exc
+        raise database_unavailable(exc, f"run {lease.run_pk}") from exc
     except Exception as exc:
         # A bug in a workflow or the engine would otherwise crash every executor that takes
         # this run over, forever. Hand it to an operator instead (if the database still
@@ -138,15 +136,6 @@ def _advance_claimed(lease: Lease) -> str | None:
     if seen is not None:
         return seen.state
     return WorkflowRun.objects.filter(pk=lease.run_pk).values_list("state", flat=True).first()
-
-
-def _database_unavailable(exc: Exception, what: str) -> DatabaseUnavailable:
-    log.warning("database unavailable while advancing %s: %s: %s", what, type(exc).__name__, exc)
-    try:
-        connection.close()  # the next use opens a fresh connection
-    except Exception:  # noqa: BLE001 - closing a dead connection may fail too
-        pass
-    return DatabaseUnavailable(f"database unavailable while advancing {what}: {type(exc).__name__}: {exc}")
 
 
 def _load(lease: Lease) -> _Plan | None:
@@ -237,7 +226,7 @@ def _reconcile(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
         _execute(lease, plan, spec, step)
         return True
     if spec.reconcile == Reconcile.LOOKUP and spec.lookup_fn is not None:
-        found, error = _invoke(spec.lookup_fn, plan.context(step), lease=lease)
+        found, error = invoke(spec.lookup_fn, plan.context(step), lease=lease)
         if error is not None:
             transitions.step_defer_reconcile(lease=lease, step_name=step.step_name, error=error, spec=spec)
             return False
@@ -246,7 +235,7 @@ def _reconcile(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
         transitions.step_succeed(
             lease=lease,
             step_name=step.step_name,
-            outcome=_as_outcome(found),
+            outcome=as_outcome(found),
             complete_run=plan.is_last(step),
             action="reconciled",
             reason="look-up by idempotency key found the remote object",
@@ -371,19 +360,19 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
         raw = None
     else:
-        raw, error = _invoke(spec.call, replace(ctx, intent=intent), lease=lease, point=name)
+        raw, error = invoke(spec.call, replace(ctx, intent=intent), lease=lease, point=name)
 
     decision: dict[str, Any] | None = None
     if error is None and spec.is_decision:
         try:
             # The model's output is redacted before it is validated: the accepted decision, a
             # kept invalid output and the validation error (which quotes the input) hold no secret.
-            decision = _validate_decision(spec, plan.workflow.redact(raw))
+            decision = validate_decision(spec, plan.workflow.redact(raw))
         except InvalidModelOutput as exc:
             error = exc
 
     if error is None:
-        outcome = Outcome(remote_ref="", result=decision) if decision is not None else _as_outcome(raw)
+        outcome = Outcome(remote_ref="", result=decision) if decision is not None else as_outcome(raw)
         transitions.step_succeed(
             lease=lease,
             step_name=name,
@@ -418,13 +407,13 @@ def _execute_local(
     certainly left nothing (never an unknown outcome)."""
     try:
         with transaction.atomic():
-            raw, error = _invoke(spec.call, ctx, point=spec.name)
+            raw, error = invoke(spec.call, ctx, point=spec.name)
             if error is not None:
                 raise _RolledBack(error)
             transitions.step_succeed(
                 lease=lease,
                 step_name=spec.name,
-                outcome=_as_outcome(raw),
+                outcome=as_outcome(raw),
                 complete_run=plan.is_last(step),
                 spec=spec,
                 attempt=attempt,
@@ -472,9 +461,9 @@ def _compensate_once(lease: Lease, plan: _Plan) -> bool:
         intent={"remote_ref": remote_ref, "result": step.result, "intent": step.intent},
     )
     transitions.compensation_begin(lease=lease, step_name=step.step_name)
-    raw, error = _invoke(spec.compensation_fn, ctx, lease=lease, point=f"{step.step_name}.compensate")
+    raw, error = invoke(spec.compensation_fn, ctx, lease=lease, point=f"{step.step_name}.compensate")
     if error is None:
-        transitions.compensation_succeed(lease=lease, step_name=step.step_name, outcome=_as_outcome(raw))
+        transitions.compensation_succeed(lease=lease, step_name=step.step_name, outcome=as_outcome(raw))
         return True
     transitions.compensation_fail(lease=lease, step_name=step.step_name, error=error, spec=spec)
     return False
@@ -524,12 +513,12 @@ def _undeliver(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
         transitions.run_wait(lease=lease, wake_at=message.claimed_until, reason=f"{step.step_name}: being delivered")
         return None
     if message.attempts:
-        found, error = _invoke(spec.lookup_fn, replace(plan.context(step), intent=message.payload), lease=lease)
+        found, error = invoke(spec.lookup_fn, replace(plan.context(step), intent=message.payload), lease=lease)
         if error is not None:
             transitions.compensation_fail(lease=lease, step_name=step.step_name, error=error, spec=spec)
             return None
         if found is not None:
-            return _as_outcome(found).remote_ref
+            return as_outcome(found).remote_ref
         # An attempt whose outcome is unknown may still deliver it: "never sent" only after its
         # in-flight window.
         if message.settle_from is not None and not _window_closed(
@@ -549,150 +538,6 @@ def _undeliver(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -
         ),
     )
     return ""
-
-
-# --- the outbox publisher ---------------------------------------------------------------
-
-
-def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
-    """One delivery attempt of one outbox row, effectively once: if an earlier attempt may
-    have sent it (its answer lost, or its publisher killed), look the message up by its key
-    before sending. Returns the row's state afterwards, or None if it was not claimable.
-    Raises DatabaseUnavailable when the database cannot be reached (the claim then expires)."""
-    try:
-        claim = transitions.outbox_claim(pk=outbox_pk, owner=owner)
-        if claim is None:
-            return None
-        _deliver(claim)
-        return _outbox_state(outbox_pk)
-    except (OperationalError, InterfaceError) as exc:
-        raise _database_unavailable(exc, f"outbox message {outbox_pk}") from exc
-
-
-def _deliver(claim: transitions.OutboxClaim) -> None:
-    message = OutboxMessage.objects.select_related("run").get(pk=claim.pk)
-    run = message.run
-    spec = get_workflow(run.workflow_name).get_step(message.step_name)
-    results = dict(StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED).values_list("step_name", "result"))
-    ctx = StepContext(
-        workflow_id=run.workflow_id,
-        input=run.input,
-        step=message.step_name,
-        idempotency_key=message.idempotency_key,
-        results=results,
-        intent=message.payload,
-    )
-    try:
-        if message.attempts > 1:
-            found, error = _invoke(spec.lookup_fn, ctx, claim=claim)
-            if error is not None:
-                transitions.outbox_failed_attempt(claim=claim, error=error, spec=spec)
-                return
-            if found is not None:
-                transitions.outbox_delivered(
-                    claim=claim, outcome=_as_outcome(found), how="found by key after a lost answer"
-                )
-                return
-            if claim.settle_from is not None and not _may_send_again(claim, spec):
-                return
-        raw, error = _invoke(spec.call, ctx, claim=claim, point=message.step_name)
-        if error is None:
-            transitions.outbox_delivered(claim=claim, outcome=_as_outcome(raw), how="delivered")
-        else:
-            transitions.outbox_failed_attempt(claim=claim, error=error, spec=spec)
-        failpoints.hit(message.step_name, "after_outcome")
-    except LeaseLost as exc:
-        log.warning("stopped publishing: %s", exc)
-
-
-def _may_send_again(claim: transitions.OutboxClaim, spec: StepSpec) -> bool:
-    """The look-up missed; an earlier attempt (sent at ``claim.settle_from``) got no answer.
-    Send again only once that request can no longer be delivered; until then, look again at
-    the window's end (with no bound, never: an operator decides)."""
-    until = spec.in_flight_until(claim.settle_from)
-    if until is None:
-        transitions.outbox_unresolved(
-            claim=claim,
-            reason=(
-                f"{spec.name}: a delivery attempt's outcome is unknown, the look-up found nothing, and the "
-                "receiver may still deliver it at any time (no in-flight bound): an operator must check"
-            ),
-        )
-        return False
-    if clock.now() < until:
-        transitions.outbox_await_settle(claim=claim, until=until, sent_at=claim.settle_from)
-        return False
-    return True
-
-
-def _outbox_state(pk: int) -> str | None:
-    return OutboxMessage.objects.filter(pk=pk).values_list("state", flat=True).first()
-
-
-def due_outbox_ids(*, now: datetime | None = None, limit: int = 100) -> list[int]:
-    now = now or clock.now()
-    qs = OutboxMessage.objects.filter(transitions.outbox_due(now)).order_by("next_attempt_at", "pk")
-    return list(qs.values_list("pk", flat=True)[:limit])
-
-
-def publish_due(*, owner: str | None = None, limit: int = 100) -> int:
-    """Attempt every outbox row due now, once. Returns how many were attempted."""
-    return sum(publish(pk, owner=owner) is not None for pk in due_outbox_ids(limit=limit))
-
-
-def _invoke(
-    fn: Callable[[StepContext], Any],
-    ctx: StepContext,
-    *,
-    lease: Lease | None = None,
-    claim: transitions.OutboxClaim | None = None,
-    point: str = "",
-) -> tuple[Any, StepError | None]:
-    """Call workflow code (a step, a look-up, a compensation) with no database lock held,
-    renewing the run's ``lease`` (or the outbox ``claim``) while it is in flight (the
-    heartbeat). Its exceptions come back classified (errors.classify); an armed failpoint's
-    FailpointRaised passes through, as a crash would. With ``point``, the before_call and
-    after_call failpoints of that name surround the call."""
-    if point:
-        failpoints.hit(point, "before_call")
-    if lease is not None:
-        held = heartbeat.held_run(lease.run_pk, lease.generation)
-    elif claim is not None:
-        held = heartbeat.held_claim(claim.pk, claim.generation)
-    else:
-        held = contextlib.nullcontext()
-    try:
-        with held:
-            result, error = fn(ctx), None
-    except failpoints.FailpointRaised:
-        raise
-    except Exception as exc:
-        result, error = None, classify(exc)
-    if point:
-        failpoints.hit(point, "after_call")
-    return result, error
-
-
-def _validate_decision(spec: StepSpec, raw: Any) -> dict[str, Any]:
-    assert spec.decision_schema is not None
-    text = raw if isinstance(raw, str) else json.dumps(raw, default=str)
-    try:
-        data = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
-        return spec.decision_schema.model_validate(data).model_dump(mode="json")
-    except (ValueError, pydantic.ValidationError) as exc:
-        raise InvalidModelOutput(
-            f"model output does not match {spec.decision_schema.__name__}: {exc}"[:2000], raw_output=text
-        ) from exc
-
-
-def _as_outcome(raw: Any) -> Outcome:
-    if isinstance(raw, Outcome):
-        return raw
-    if raw is None:
-        return Outcome()
-    if isinstance(raw, dict):
-        return Outcome(remote_ref=str(raw.get("remote_ref", raw.get("id", ""))), result=raw)
-    return Outcome(remote_ref="", result={"value": raw})
 
 
 # --- the embedded executor loop --------------------------------------------------------

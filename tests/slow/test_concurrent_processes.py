@@ -26,7 +26,8 @@ CONSUMER = """
 import os, sys, time
 import django
 django.setup()
-from recovery.engine.executor import advance, publish_due
+from recovery.engine.executor import advance
+from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import run_start
 start_at = float(sys.argv[1])
 time.sleep(max(0.0, start_at - time.time()))

@@ -31,7 +31,8 @@ from django.utils import timezone
 
 from recovery import clock as engine_clock
 from recovery.engine import failpoints, transitions
-from recovery.engine.executor import advance, publish
+from recovery.engine.executor import advance
+from recovery.engine.publisher import publish
 from recovery.management.base import RecoveryCommand
 from recovery.management.commands.createoperator import ROLES, create_operator
 from recovery.models import OutboxMessage, RunState, WorkflowRun
