@@ -33,6 +33,7 @@ from django.conf import settings
 from django.db import models
 
 from recovery import redaction
+from recovery.actions import FOUR_EYES_ACTIONS
 from recovery.retries import DEFAULT_POLICY, RetryPolicy
 
 
@@ -236,7 +237,6 @@ class StepSpec:
 
 
 # The operator actions a workflow may put behind a second supervisor's approval.
-FOUR_EYES_ACTIONS = frozenset({"compensate", "terminate", "resolve_happened"})
 
 
 class Workflow:

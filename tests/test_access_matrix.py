@@ -25,8 +25,8 @@ from django.contrib.sessions.models import Session
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from recovery.actions import PERMISSION_OF
 from recovery.api import tokens
-from recovery.console import services
 from recovery.engine.transitions import approval_request, run_start, run_version
 from recovery.models import (
     ApiToken,
@@ -90,7 +90,7 @@ class Row:
 
 def action_row(action: str, *, needs: str = "") -> Row:
     """A POST of ``action`` on a run in which it is valid (so the permitted POST changes it)."""
-    permission = services.PERMISSION_OF[action]
+    permission = PERMISSION_OF[action]
     run = {
         "": lambda w: w.failed,
         "unknown": lambda w: w.unknown,
@@ -124,7 +124,7 @@ def _role(action: str) -> Role:
     return REQUIRED_ROLE[action]
 
 
-ROLE_OF_ACTION = {p: _role(p) for p in set(services.PERMISSION_OF.values())}
+ROLE_OF_ACTION = {p: _role(p) for p in set(PERMISSION_OF.values())}
 
 ADMIN_ALL = dict.fromkeys(METHODS, 302)
 
@@ -532,6 +532,6 @@ def test_every_url_is_in_the_matrix():
 
 
 def test_every_console_action_is_in_the_matrix():
-    """Each action value the run page accepts (services.PERMISSION_OF) has its own line."""
+    """Each action value the run page accepts (PERMISSION_OF) has its own line."""
     rows = {row.label.removeprefix("act:") for row in MATRIX if row.route == "console:run-action"}
-    assert rows == set(services.PERMISSION_OF)
+    assert rows == set(PERMISSION_OF)

@@ -157,3 +157,43 @@ def test_an_event_whose_workflow_id_is_too_long_starts_nothing():
     with pytest.raises(CommandError, match="the workflow id must be 1 to 255 characters"):
         run_cmd("start_workflow", "test_orders", "--input", json.dumps(event))
     assert not WorkflowRun.objects.exists() and not AuditEvent.objects.exists()
+
+
+def test_recover_offers_every_operator_action_of_the_table():
+    """One action table (recovery.actions): the shell has every action the console has."""
+    from recovery.actions import ACTIONS
+    from recovery.management.commands.recover import Command
+
+    parser = Command().create_parser("manage.py", "recover")
+    choices = next(a.choices for a in parser._actions if a.dest == "action")
+    assert set(choices) == set(ACTIONS) >= {"resolve_happened", "resolve_absent"}
+
+
+def test_recover_resolve_happened_settles_an_unknown_step_from_the_shell(clock):
+    """A worker died inside create_task's call; terminating the run records the step unknown.
+    The operator found the task in the tracker: `recover resolve_happened` records it, with
+    its remote id, through the console's own transition."""
+    from recovery.engine.executor import advance
+    from recovery.models import StepState
+    from tests.conftest import crash_at
+    from tests.support import receivers
+
+    person("olga")
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    crash_at(pytest.MonkeyPatch(), "create_task:after_call", lambda: advance(WorkflowRun.objects.get().pk))
+    run_cmd("recover", "terminate", wid, "--reason", "duplicate order", "--as", "olga")
+    task_ref = f"task-{receivers.RemoteObject.objects.get(kind='task').pk}"
+    events = AuditEvent.objects.count()
+    with pytest.raises(CommandError, match="resolve_happened needs --step"):
+        run_cmd("recover", "resolve_happened", wid, "--reason", "found it", "--as", "olga")
+    assert AuditEvent.objects.count() == events
+    out = run_cmd(
+        "recover", "resolve_happened", wid, "--step", "create_task", "--remote-ref", task_ref,
+        "--reason", "found it in the tracker", "--as", "olga",
+    )  # fmt: skip
+    assert out == f"resolve_happened: {wid} is now terminated"
+    step = WorkflowRun.objects.get().steps.get(step_name="create_task")
+    assert (step.state, step.remote_ref) == (StepState.SUCCEEDED, task_ref)
+    event = AuditEvent.objects.filter(step_name="create_task").latest("id")
+    assert (event.actor, event.reason) == ("olga", "found it in the tracker")
+    assert receivers.counts()["task"] == 1

@@ -13,27 +13,12 @@ from django.db.models import Count
 from django.db.models.functions import TruncHour
 
 from recovery import clock
+from recovery.actions import ACTIONS, BULK_ACTIONS, StepArg
 from recovery.console import selectors
 from recovery.engine import transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
 from recovery.models import FAILURE_ACTIONS, AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.permissions import can
-
-# console action -> the permission it needs (recovery.permissions.REQUIRED_ROLE)
-PERMISSION_OF = {
-    "resume": "resume",
-    "retry": "retry",
-    "reconcile": "reconcile",
-    "resolve_happened": "reconcile",
-    "resolve_absent": "reconcile",
-    "compensate": "compensate",
-    "terminate": "terminate",
-    # four-eyes: deciding a request needs a supervisor — to approve, another one than the
-    # requester (recovery.engine.transitions checks that too, and the database)
-    "approve": "approve",
-    "reject": "approve",
-}
-
 
 # The column's size: a longer evidence reference is refused with a message, not a database error.
 REMOTE_REF_MAX_LENGTH = StepExecution._meta.get_field("remote_ref").max_length
@@ -57,12 +42,12 @@ def apply_action(
     common = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect}
     if len(remote_ref.strip()) > REMOTE_REF_MAX_LENGTH:
         raise InvalidTransition(f"a remote id has at most {REMOTE_REF_MAX_LENGTH} characters")
-    if action in ("retry", "reconcile", "resolve_happened", "resolve_absent") and not step:
+    if action in ACTIONS and ACTIONS[action].step == StepArg.REQUIRED and not step:
         raise InvalidTransition(f"{action} needs a step")
     if action in ("approve", "reject"):
         return _decide(action, request_id, workflow_id=workflow_id, actor=actor, reason=reason, expect=expect)
     try:
-        run = _direct(action, common, step, remote_ref)
+        run = transitions.perform(action, step_name=step, remote_ref=remote_ref, **common)
     except ApprovalRequired:
         # The workflow puts it behind four eyes: the same form asks for it instead.
         transitions.approval_request(action=action, step_name=step, remote_ref=remote_ref, **common)
@@ -86,26 +71,6 @@ def _decide(
         return f"request to {transitions.LABELS[request.action]} turned down"
     run = transitions.approval_grant(request_id=request.pk, actor=actor, reason=reason, expect=expect)
     return f"{transitions.LABELS[request.action]} approved and recorded; the run is now {run.state}"
-
-
-def _direct(action: str, common: dict[str, Any], step: str | None, remote_ref: str) -> WorkflowRun:
-    if action == "resume":
-        run = transitions.run_resume(**common)
-    elif action == "terminate":
-        run = transitions.run_terminate(**common)
-    elif action == "compensate":
-        run = transitions.run_compensate(**common, step_name=step)
-    elif action == "retry":
-        run = transitions.step_retry(**common, step_name=step)
-    elif action == "reconcile":
-        run = transitions.step_reconcile(**common, step_name=step)
-    elif action in ("resolve_happened", "resolve_absent"):
-        run = transitions.step_resolve(
-            **common, step_name=step, happened=action == "resolve_happened", remote_ref=remote_ref
-        )
-    else:
-        raise InvalidTransition(f"unknown action {action!r}")
-    return run
 
 
 @dataclass(frozen=True)
@@ -198,7 +163,6 @@ def pending_approvals(run: WorkflowRun, workflow, user: AbstractBaseUser) -> lis
 
 # --- bulk ------------------------------------------------------------------------------
 
-BULK_ACTIONS = ("resume", "retry", "terminate")
 BULK_LIMIT = 500
 
 
@@ -240,13 +204,8 @@ def bulk_apply(
     result = BulkResult(action=action)
     for workflow_id in workflow_ids:
         try:
-            if action == "retry":
-                step = _blocked_step(workflow_id)
-                transitions.step_retry(workflow_id=workflow_id, step_name=step, actor=actor, reason=reason)
-            elif action == "resume":
-                transitions.run_resume(workflow_id=workflow_id, actor=actor, reason=reason)
-            else:
-                transitions.run_terminate(workflow_id=workflow_id, actor=actor, reason=reason)
+            step = _blocked_step(workflow_id) if ACTIONS[action].step == StepArg.REQUIRED else None
+            transitions.perform(action, workflow_id=workflow_id, step_name=step, actor=actor, reason=reason)
             result.done.append(workflow_id)
         except (InvalidTransition, WorkflowRun.DoesNotExist) as exc:
             result.refused.append((workflow_id, str(exc)))

@@ -15,6 +15,7 @@ from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import reswap, retarget
 
 from recovery import clock
+from recovery.actions import PERMISSION_OF
 from recovery.console import selectors, services
 from recovery.engine.transitions import run_version
 from recovery.errors import InvalidTransition, RunChanged
@@ -158,7 +159,7 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
 @permission_required("act")
 def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
     action = request.POST.get("action", "")
-    permission = services.PERMISSION_OF.get(action)
+    permission = PERMISSION_OF.get(action)
     if permission is None:
         return _flash(request, f"unknown action {action!r}", status=400)
     if not can(request.user, permission):

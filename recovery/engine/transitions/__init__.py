@@ -54,6 +54,7 @@ from .outbox import (
     outbox_unresolved,
     step_enqueue,
 )
+from .perform import perform
 from .runs import run_complete, run_release, run_review, run_start, run_wait
 from .steps import (
     step_await_settle,
@@ -106,6 +107,7 @@ __all__ = [
     "outbox_due",
     "outbox_failed_attempt",
     "outbox_unresolved",
+    "perform",
     "require_reason",
     "run_claim",
     "run_claim_next",

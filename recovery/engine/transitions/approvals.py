@@ -22,8 +22,8 @@ from recovery.models import (
 from recovery.redaction import redact_text
 
 from ._core import _audit, _locked_run_by_id, _snap, require_reason, run_version
-from .compensation import run_compensate
-from .operator import _DRY_RUN, LABELS, needs_approval, run_terminate, step_resolve
+from .operator import _DRY_RUN, LABELS, needs_approval
+from .perform import perform
 
 
 class _RolledBack(Exception):
@@ -31,13 +31,16 @@ class _RolledBack(Exception):
 
 
 def _perform(request: ApprovalRequest, *, actor: AbstractBaseUser, reason: str, expect: str | None, now: datetime):
-    common = {"workflow_id": request.run.workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
-    if request.action == "terminate":
-        return run_terminate(**common, approval=request)
-    if request.action == "compensate":
-        return run_compensate(**common, step_name=request.step_name or None, approval=request)
-    return step_resolve(
-        **common, step_name=request.step_name, happened=True, remote_ref=request.remote_ref, approval=request
+    return perform(
+        request.action,
+        workflow_id=request.run.workflow_id,
+        actor=actor,
+        reason=reason,
+        step_name=request.step_name or None,
+        remote_ref=request.remote_ref,
+        expect=expect,
+        now=now,
+        approval=request,
     )
 
 

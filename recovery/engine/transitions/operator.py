@@ -11,6 +11,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from recovery import clock, permissions
+from recovery.actions import ACTIONS, FOUR_EYES_ACTIONS
 from recovery.engine import dispatch
 from recovery.errors import (
     ApprovalRequired,
@@ -376,7 +377,8 @@ def decision_supersede(
 
 # --- four-eyes: an action, requested by one person, approved by another ------------------
 
-LABELS = {"compensate": "compensate", "terminate": "terminate", "resolve_happened": "mark succeeded"}
+# How a request for each four-eyes action names it (recovery.actions).
+LABELS = {name: ACTIONS[name].label for name in FOUR_EYES_ACTIONS}
 
 
 def needs_approval(run: WorkflowRun, action: str) -> bool:

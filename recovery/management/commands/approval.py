@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
-from recovery.console.services import PERMISSION_OF
+from recovery.actions import FOUR_EYES_ACTIONS, PERMISSION_OF
 from recovery.engine import transitions
 from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
@@ -20,7 +20,7 @@ class Command(RecoveryCommand):
         listing = verbs.add_parser("list", help="requests waiting for approval")
         listing.add_argument("--run", help="one run, by workflow id")
         request = verbs.add_parser("request", help="ask for an action that needs a second supervisor")
-        request.add_argument("action", choices=sorted(transitions.LABELS))
+        request.add_argument("action", choices=sorted(FOUR_EYES_ACTIONS))
         request.add_argument("workflow_id")
         request.add_argument("--step", help="compensate one step; the step that succeeded (resolve_happened)")
         request.add_argument("--remote-ref", default="", help="resolve_happened: the remote id that shows it")

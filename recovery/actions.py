@@ -1,0 +1,72 @@
+"""Every operator action, once: what it is called, who may do it, what it needs, and which
+transition performs it. The console's buttons and forms, bulk, ``manage.py recover``,
+``manage.py approval`` and the four-eyes requests all read this table; the transition
+(``recovery.engine.transitions.perform``) checks the run's state and the role again.
+
+Plain data: nothing here imports the engine, so the engine, the workflow API and the console
+can all read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class StepArg(StrEnum):
+    NONE = "none"  # the action is on the whole run
+    OPTIONAL = "optional"  # compensate: the whole run, or one step
+    REQUIRED = "required"
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    name: str
+    label: str  # how a request for it, and the console's four-eyes notice, name it
+    permission: str  # its key in recovery.permissions.REQUIRED_ROLE (the lowest role allowed)
+    transition: str  # the function of recovery.engine.transitions that performs it
+    step: StepArg = StepArg.NONE
+    four_eyes: bool = False  # a workflow may put it behind a second supervisor (Workflow(four_eyes=…))
+    bulk: bool = False  # the console's bulk form may apply it to many runs
+    evidence: bool = False  # takes the remote id that shows the effect happened (--remote-ref)
+    options: dict[str, Any] = field(default_factory=dict)  # fixed arguments of the transition
+
+
+ACTIONS: dict[str, OperatorAction] = {
+    action.name: action
+    for action in (
+        OperatorAction("resume", "resume", "resume", "run_resume", bulk=True),
+        OperatorAction("retry", "retry", "retry", "step_retry", StepArg.REQUIRED, bulk=True),
+        OperatorAction("reconcile", "reconcile", "reconcile", "step_reconcile", StepArg.REQUIRED),
+        OperatorAction(
+            "resolve_happened",
+            "mark succeeded",
+            "reconcile",
+            "step_resolve",
+            StepArg.REQUIRED,
+            four_eyes=True,
+            evidence=True,
+            options={"happened": True},
+        ),
+        OperatorAction(
+            "resolve_absent",
+            "mark not happened",
+            "reconcile",
+            "step_resolve",
+            StepArg.REQUIRED,
+            options={"happened": False},
+        ),
+        OperatorAction("compensate", "compensate", "compensate", "run_compensate", StepArg.OPTIONAL, four_eyes=True),
+        OperatorAction("terminate", "terminate", "terminate", "run_terminate", four_eyes=True, bulk=True),
+    )
+}
+
+FOUR_EYES_ACTIONS = frozenset(name for name, action in ACTIONS.items() if action.four_eyes)
+BULK_ACTIONS = tuple(name for name, action in ACTIONS.items() if action.bulk)
+
+# Deciding a four-eyes request: a supervisor (to approve, another one than the requester).
+DECISIONS = {"approve": "approve", "reject": "approve"}
+
+# action or decision -> the permission it needs
+PERMISSION_OF = {**{name: action.permission for name, action in ACTIONS.items()}, **DECISIONS}

@@ -1,0 +1,46 @@
+"""An operator action by its name (recovery.actions): the one entry point the console, bulk,
+``manage.py recover`` and an approved four-eyes request go through."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser
+
+from recovery.actions import ACTIONS, StepArg
+from recovery.errors import InvalidTransition
+from recovery.models import ApprovalRequest, WorkflowRun
+
+from . import compensation, operator
+
+
+def perform(
+    action: str,
+    *,
+    workflow_id: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    step_name: str | None = None,
+    remote_ref: str = "",
+    expect: str | None = None,
+    now: datetime | None = None,
+    approval: ApprovalRequest | None = None,
+) -> WorkflowRun:
+    """Perform ``action`` through its transition, which checks the run's state, the reason,
+    the page's version (``expect``) and the four-eyes rule. Raises InvalidTransition for an
+    unknown action or a missing step, as the transitions do for everything else."""
+    spec = ACTIONS.get(action)
+    if spec is None:
+        raise InvalidTransition(f"unknown action {action!r}")
+    if spec.step == StepArg.REQUIRED and not step_name:
+        raise InvalidTransition(f"{action} needs a step")
+    transition = getattr(operator, spec.transition, None) or getattr(compensation, spec.transition)
+    arguments = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
+    arguments.update(spec.options)
+    if spec.step != StepArg.NONE:
+        arguments["step_name"] = step_name or None
+    if spec.evidence:
+        arguments["remote_ref"] = remote_ref
+    if approval is not None:
+        arguments["approval"] = approval
+    return transition(**arguments)
