@@ -1,5 +1,5 @@
 """Hostile text planted in every field the console shows (docs/recovery-contract.md: operators read model output,
-invoice text and remote errors that nobody here wrote). Used by tests/test_hostile_input.py
+invoice text and remote errors that nobody here wrote). Used by tests/console/test_hostile_input.py
 (the raw HTML) and tests/browser/test_hostile_browser.py (a real browser).
 
 Each planted value is one of PAYLOADS followed by the name of its field, so that a test can

@@ -153,7 +153,7 @@ def book(ctx):
 
 
 # --- secrets: steps that echo credentials back, in results and in errors ---------------
-# (tests/test_redaction.py plants the values; nothing here may reach a checkpoint unredacted)
+# (tests/engine/test_redaction.py plants the values; nothing here may reach a checkpoint unredacted)
 
 log = logging.getLogger("workflows.test_secrets")
 

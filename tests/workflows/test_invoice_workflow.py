@@ -29,7 +29,7 @@ from recovery.models import (
 from recovery.workflow import CompensationPolicy
 from sandbox import faults
 from tests.conftest import crash_at, drive, lease_expired_running_steps
-from tests.test_model_providers import stub  # noqa: F401  (the fixture)
+from tests.workflows.test_model_providers import stub  # noqa: F401  (the fixture)
 from workflows.invoice import workflow as invoice_module
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
@@ -382,7 +382,7 @@ def test_openai_provider_end_to_end_keeps_invalid_output_and_never_persists_the_
 
     from django.core.management import call_command
 
-    from tests.test_model_providers import VALID_DECISION, Reply, completion
+    from tests.workflows.test_model_providers import VALID_DECISION, Reply, completion
 
     key = "sk-planted-SECRET-0123456789abcdef"
     settings.MODEL_PROVIDER, settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = "openai", stub.base_url, key
@@ -429,7 +429,7 @@ def test_resume_after_a_refused_message_delivers_it_once_and_completes(clock):
 
 
 def test_the_sweeper_queues_an_outbox_message_once_per_due_time_not_once_per_sweep(clock, settings, monkeypatch):
-    """Celery mode with the broker replaced by a list of what would be sent (tests/test_dispatch.py)."""
+    """Celery mode with the broker replaced by a list of what would be sent (tests/engine/test_dispatch.py)."""
     from recovery import tasks
 
     settings.RECOVERY_EXECUTOR = "celery"

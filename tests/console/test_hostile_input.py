@@ -2,7 +2,7 @@
 errors, reasons, ids — is shown escaped on every page under a Content-Security-Policy without
 'unsafe-inline', and input the database cannot take is a clear 4xx that writes nothing, never
 a 500. The browser half is tests/browser/test_hostile_browser.py; the fuzzing is
-tests/test_fuzz_input.py."""
+tests/console/test_fuzz_input.py."""
 
 import json
 import re
@@ -18,8 +18,8 @@ from recovery.console.selectors import RunFilters
 from recovery.engine.transitions import run_version
 from recovery.models import ApiToken, AuditEvent, StepExecution, WorkflowRun
 from sandbox.models import Fault
+from tests.console.test_console import act, failed_run, login, unknown_run
 from tests.support import hostile
-from tests.test_console import act, failed_run, login, unknown_run
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 
@@ -87,7 +87,7 @@ def test_the_templates_hold_no_inline_script_style_or_event_handler():
     """What the policy would block must not be in our templates in the first place."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "templates"
+    root = Path(__file__).resolve().parents[2] / "templates"
     for path in root.rglob("*.html"):
         text = path.read_text()
         assert not re.search(r"<script(?![^>]*\bsrc=)", text), f"inline <script> in {path}"

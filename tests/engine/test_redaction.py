@@ -43,7 +43,7 @@ from recovery.workflow import get_workflow, payload_hash
 from sandbox import faults
 from tests.conftest import crash_at, drive
 from tests.support import receivers
-from tests.test_model_providers import VALID_DECISION, Reply, completion, stub  # noqa: F401  (stub: the fixture)
+from tests.workflows.test_model_providers import VALID_DECISION, Reply, completion, stub  # noqa: F401  (stub: the fixture)
 from workflows.invoice import adapters
 
 KEY = "sk-proj-unit0123456789abcdefghijkl"
