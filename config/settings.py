@@ -175,8 +175,11 @@ RECOVERY_HTTP_TIMEOUT = float(env("RECOVERY_HTTP_TIMEOUT", "5"))
 
 # --- Model providers -------------------------------------------------------------------
 MODEL_PROVIDER = env("MODEL_PROVIDER", "rules")
-if MODEL_PROVIDER not in {"rules", "openai"}:
-    raise ImproperlyConfigured("MODEL_PROVIDER must be 'rules' or 'openai'")
+if MODEL_PROVIDER not in {"rules", "scripted", "openai"}:
+    raise ImproperlyConfigured("MODEL_PROVIDER must be 'rules', 'scripted' or 'openai'")
+# MODEL_PROVIDER=scripted: a JSON file mapping invoice ids to the model's raw output (the rules
+# answer the others). The demo's seed uses it for its off-schema model.
+MODEL_SCRIPT = env("MODEL_SCRIPT", "")
 OPENAI_BASE_URL = env("OPENAI_BASE_URL", "https://api.openai.com/v1").rstrip("/")
 OPENAI_API_KEY = env("OPENAI_API_KEY", "")
 OPENAI_MODEL = env("OPENAI_MODEL", "gpt-4o-mini")

@@ -490,6 +490,28 @@ def test_get_provider_gives_the_rules_by_default(settings):
     assert provider.name == "rules"
 
 
+def test_the_scripted_provider_answers_its_invoices_from_the_script_and_the_rest_by_the_rules(settings, tmp_path):
+    script = tmp_path / "script.json"
+    off_schema = '{"category": "bribes", "amount": "146.80"}'
+    script.write_text(json.dumps({"IN-5532": off_schema}))
+    settings.MODEL_PROVIDER, settings.MODEL_SCRIPT = "scripted", str(script)
+    provider = get_provider()
+    assert provider.name == "scripted" and isinstance(provider, ModelProvider)
+    assert provider.propose(invoice_id="IN-5532", text="taxi receipts EUR 146.80") == off_schema
+    text = "40 ergonomic chairs. Total due EUR 1,840.00"
+    assert provider.propose(invoice_id="inv-1", text=text) == RulesProvider().propose(invoice_id="inv-1", text=text)
+
+
+@pytest.mark.parametrize("content", [None, "not json", '["a list"]', '{"IN-1": {"category": "x"}}'])
+def test_a_missing_or_malformed_model_script_is_a_permanent_error_that_names_it(settings, tmp_path, content):
+    script = tmp_path / "script.json"
+    if content is not None:
+        script.write_text(content)
+    settings.MODEL_PROVIDER, settings.MODEL_SCRIPT = "scripted", str(script)
+    with pytest.raises(PermanentError, match="MODEL_SCRIPT"):
+        get_provider()
+
+
 def test_get_provider_builds_the_openai_client_from_settings_without_showing_the_key(settings):
     settings.MODEL_PROVIDER = "openai"
     settings.OPENAI_BASE_URL = "http://127.0.0.1:1/v1/"

@@ -309,6 +309,33 @@ class RulesProvider:
         return json.dumps(decision, sort_keys=True)
 
 
+@dataclass(frozen=True)
+class ScriptedProvider:
+    """A provider that answers from a script: a JSON file (``MODEL_SCRIPT``) mapping invoice ids
+    to the model's raw output, given as is, valid or not; an invoice the script does not name is
+    answered by the rules. For demos and rehearsals: how the workflow and the console behave when
+    a model answers off schema, names another approver or misreads an amount, with no network."""
+
+    script: dict[str, str]
+    name: str = field(default="scripted", init=False)
+
+    @classmethod
+    def from_file(cls, path: str) -> ScriptedProvider:
+        try:
+            with open(path, encoding="utf-8") as file:
+                script = json.load(file)
+        except (OSError, ValueError) as exc:
+            raise PermanentError(f"MODEL_SCRIPT {path!r} cannot be read as JSON: {exc}") from None
+        if not isinstance(script, dict) or not all(isinstance(v, str) for v in script.values()):
+            raise PermanentError(f"MODEL_SCRIPT {path!r} must map invoice ids to the model's output (text)")
+        return cls(script)
+
+    def propose(self, *, invoice_id: str, text: str) -> str:
+        if invoice_id in self.script:
+            return self.script[invoice_id]
+        return RulesProvider().propose(invoice_id=invoice_id, text=text)
+
+
 # --- OpenAI-compatible chat completions -------------------------------------------------
 
 #: Statuses after which the same request may succeed later (429 is classified on its own).
@@ -547,12 +574,14 @@ def call_timeout() -> float:
 
 
 def get_provider() -> ModelProvider:
-    """The provider configured by ``settings.MODEL_PROVIDER`` ("rules" or "openai")."""
+    """The provider configured by ``settings.MODEL_PROVIDER`` ("rules", "scripted" or "openai")."""
     from django.conf import settings
 
     kind = getattr(settings, "MODEL_PROVIDER", "rules")
     if kind == "rules":
         return RulesProvider()
+    if kind == "scripted":
+        return ScriptedProvider.from_file(getattr(settings, "MODEL_SCRIPT", "") or "")
     if kind == "openai":
         return OpenAIProvider(
             base_url=getattr(settings, "OPENAI_BASE_URL", "") or "https://api.openai.com/v1",
@@ -560,4 +589,4 @@ def get_provider() -> ModelProvider:
             model=getattr(settings, "OPENAI_MODEL", "") or "gpt-4o-mini",
             timeout=float(getattr(settings, "OPENAI_TIMEOUT", 30) or 30),
         )
-    raise PermanentError(f"unknown MODEL_PROVIDER {kind!r}: expected 'rules' or 'openai'")
+    raise PermanentError(f"unknown MODEL_PROVIDER {kind!r}: expected 'rules', 'scripted' or 'openai'")

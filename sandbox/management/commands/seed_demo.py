@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import httpx
 from django.conf import settings
@@ -41,6 +41,8 @@ from sandbox import faults
 from sandbox.models import Fault
 
 OWNER = "seed-demo"
+# The demo model's scripted answers (MODEL_PROVIDER=scripted): the off-schema invoice.
+MODEL_SCRIPT = Path(__file__).resolve().parents[2] / "demo_model_script.json"
 # The dropped answers cost one read timeout each; one second is plenty on one machine.
 SEED_HTTP_TIMEOUT = 1.0
 # Demo events arrive this far apart, over the past two hours; retries fit inside a slot.
@@ -155,7 +157,7 @@ def seed_demo(*, sandbox_url: str | None, warn: Callable[[str], object]) -> tupl
             sandbox_server(url) as served,
             # The seed is the executor of its runs: nothing is handed to Celery meanwhile.
             _settings(SANDBOX_URL=served, RECOVERY_HTTP_TIMEOUT=timeout, RECOVERY_EXECUTOR="embedded"),
-            mock.patch.dict(os.environ),
+            _environ(),
         ):
             os.environ.pop("RECOVERY_FAILPOINTS", None)  # the seed arms its own, where it needs one
             seeder = Seeder(supervisor=supervisor, drop_ms=int((timeout + 0.5) * 1000), warn=warn)
@@ -209,15 +211,6 @@ class _Clock:
         self.current += timedelta(seconds=seconds)
 
 
-class _OffScriptModel:
-    """A provider whose answers do not match the decision schema."""
-
-    name = "off-script"
-
-    def propose(self, *, invoice_id: str, text: str) -> str:
-        return '{"category": "bribes", "amount": "146.80"}'
-
-
 class Seeder:
     """Plays scenarios: each starts its run, arms what its story needs, and drives the run the
     way the executor and the outbox publisher would, until it rests."""
@@ -237,7 +230,7 @@ class Seeder:
                 run = self._play(scenario)
             else:
                 self.clock.set(self.start + SLOT * SCENARIOS.index(scenario))
-                with mock.patch.object(engine_clock, "now", self.clock.now):
+                with engine_clock.driven_by(self.clock.now):
                     run = self._play(scenario)
             if run.state != OUTCOMES[scenario.play]:
                 expected = OUTCOMES[scenario.play]
@@ -308,7 +301,7 @@ class Seeder:
         the unknown outcome, and the tracker's look-up is unreachable for the whole look-up
         budget: the step stays unknown and an operator must reconcile it."""
         self.arm("tasks", "create", "commit_then_drop", delay_ms=self.drop_ms)
-        with mock.patch.dict(os.environ, {"RECOVERY_FAILPOINTS": "create_approval_task:after_outcome=raise"}):
+        with _environ(RECOVERY_FAILPOINTS="create_approval_task:after_outcome=raise"):
             try:
                 advance(run.pk, owner=OWNER)
             except failpoints.FailpointRaised:
@@ -321,7 +314,8 @@ class Seeder:
         return self.drive(run)
 
     def model_off_schema(self, run: WorkflowRun) -> WorkflowRun:
-        with mock.patch("workflows.invoice.workflow.get_provider", return_value=_OffScriptModel()):
+        # The model answers this invoice off schema (MODEL_PROVIDER=scripted, the demo's script).
+        with _settings(MODEL_PROVIDER="scripted", MODEL_SCRIPT=str(MODEL_SCRIPT)):
             return self.drive(run)
 
     def compensation_fails(self, run: WorkflowRun) -> WorkflowRun:
@@ -409,6 +403,18 @@ def _unreachable_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """The process environment with ``values`` set, as it was again afterwards."""
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @contextmanager
