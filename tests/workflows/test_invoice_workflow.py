@@ -14,7 +14,7 @@ from recovery.engine import failpoints, transitions
 from recovery.engine.executor import advance
 from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import run_start
-from recovery.errors import ErrorKind
+from recovery.errors import ErrorKind, InvalidTransition
 from recovery.models import (
     AuditEvent,
     DecisionState,
@@ -263,7 +263,7 @@ def test_a_completed_run_is_compensated_on_request_with_a_reversing_entry(clock)
     order = AuditEvent.objects.filter(run=run, action="compensation_succeed").order_by("at", "id")
     assert [e.step_name for e in order] == ["post_ledger_entry", "notify_approver", "create_approval_task"]
     assert advance(run.pk) is None
-    with pytest.raises(transitions.InvalidTransition):
+    with pytest.raises(InvalidTransition):
         transitions.run_resume(workflow_id=run.workflow_id, actor=supervisor, reason="again")
 
 
