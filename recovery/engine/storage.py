@@ -187,23 +187,29 @@ def _checkpoint_sql(
 
 
 def claim(
-    pick_sql: str, pick_params: list[Any], owner: str, lease_until: Any, now: Any
+    pick_sql: str,
+    pick_params: list[Any],
+    moves: tuple[tuple[tuple[str, ...], str], ...],
+    owner: str,
+    lease_until: Any,
+    now: Any,
 ) -> tuple[models.Model, list[models.Model], bool] | None:
     """PostgreSQL only: a whole claim as one statement — lock the run ``pick_sql`` selects
-    (its id, state and lease owner; ``FOR UPDATE SKIP LOCKED``), give it a new lease
-    generation, write the ``claim`` (or ``lease_takeover``) audit event, and read the run and
-    its steps back, with whether it was taken over from another owner. None if nothing was
-    picked. The same transition as ``transitions.leases._claim`` writes on other databases."""
-    from recovery.models import AuditEvent, RunState, StepExecution, WorkflowRun
+    (its id, state and lease owner; ``FOR UPDATE SKIP LOCKED``), move it to the state
+    ``moves`` gives for its state (``((from states), to), …``: the transitions' table, passed
+    in, never written here), give it a new lease generation, write the ``claim`` (or
+    ``lease_takeover``) audit event, and read the run and its steps back, with whether it was
+    taken over from another owner. None if nothing was picked. The same transition as
+    ``transitions.leases._claim_in_transaction``, which tests/engine/test_claim_paths.py
+    compares field by field."""
+    from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
-    sql, run_fields, step_fields = _claim_sql(pick_sql)
+    sql, run_fields, step_fields = _claim_sql(pick_sql, tuple(len(sources) for sources, _ in moves))
     at = WorkflowRun._meta.get_field("updated_at")
     params = [
         *pick_params,
-        RunState.COMPENSATING,
-        RunState.COMPENSATING,
-        RunState.RUNNING,
+        *(value for sources, target in moves for value in (*sources, target)),
         owner,
         at.get_db_prep_save(lease_until, connection),
         at.get_db_prep_save(now, connection),
@@ -258,7 +264,8 @@ def _json_object(members: dict[str, str]) -> str:
 
 
 @cache
-def _claim_sql(pick_sql: str) -> tuple[str, Fields, Fields]:
+def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fields]:
+    """The claim statement for ``pick_sql``; ``moves`` counts each move's source states."""
     from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
@@ -271,7 +278,7 @@ def _claim_sql(pick_sql: str) -> tuple[str, Fields, Fields]:
         WITH picked AS ({pick_sql}),
         claimed AS (
             UPDATE {run_table} AS r SET
-                "state" = CASE WHEN p."state" = %s THEN %s ELSE %s END,
+                "state" = CASE {" ".join(f'WHEN p."state" IN ({", ".join(["%s"] * n)}) THEN %s' for n in moves)} END,
                 "lease_owner" = %s,
                 "lease_generation" = r."lease_generation" + 1,
                 "next_wake_at" = NULL,

@@ -95,16 +95,40 @@ def run_claim_next(*, owner: str | None = None, now: datetime | None = None) -> 
     return _claim_one(owner, now or clock.now())
 
 
+# The claim's state switch, from the table: which kind of claim a run in each state takes.
+CLAIMS = ("claim_compensation", "claim")
+
+
+def _claim_kind(state: str) -> str:
+    return next((kind for kind in CLAIMS if state in RUN_TRANSITIONS[kind][0]), "claim")
+
+
+@cache
+def _claim_moves() -> tuple[tuple[tuple[str, ...], str], ...]:
+    """The same switch as data for the one-statement claim: ((from states), to) per kind."""
+    return tuple((tuple(sorted(RUN_TRANSITIONS[k][0])), RUN_TRANSITIONS[k][1]) for k in CLAIMS)
+
+
 def _claim_one(owner: str | None, now: datetime, run_pk: int | None = None) -> Lease | None:
     owner = owner or default_owner()
     if connection.vendor == "postgresql":
-        # One statement (storage.claim): the same transition as _claim, in one round trip.
-        sql, params = _pick_sql(connection.vendor, run_pk is not None, ("id", "state", "lease_owner"))
-        claimed = storage.claim(sql, _pick_params(params, now, run_pk), owner, now + lease_duration(), now)
-        if claimed is None:
-            return None
-        run, steps, taken_over = claimed
-        return _lease(run, steps, taken_over=taken_over)
+        return _claim_in_one_statement(owner, now, run_pk)
+    return _claim_in_transaction(owner, now, run_pk)
+
+
+def _claim_in_one_statement(owner: str, now: datetime, run_pk: int | None) -> Lease | None:
+    """PostgreSQL: the claim in one round trip (storage.claim)."""
+    sql, params = _pick_sql(connection.vendor, run_pk is not None, ("id", "state", "lease_owner"))
+    pick = _pick_params(params, now, run_pk)
+    claimed = storage.claim(sql, pick, _claim_moves(), owner, now + lease_duration(), now)
+    if claimed is None:
+        return None
+    run, steps, taken_over = claimed
+    return _lease(run, steps, taken_over=taken_over)
+
+
+def _claim_in_transaction(owner: str, now: datetime, run_pk: int | None) -> Lease | None:
+    """Any database: pick, check, save and audit in one transaction."""
     with transaction.atomic():
         sql, params = _pick_sql(connection.vendor, run_pk is not None)
         run = next(iter(WorkflowRun.objects.raw(sql, _pick_params(params, now, run_pk))), None)
@@ -160,8 +184,7 @@ def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
     action = "lease_takeover" if takeover else "claim"
     if takeover:
         before["lease_owner"] = run.lease_owner
-    kind = "claim_compensation" if run.state == RunState.COMPENSATING else "claim"
-    run.state = _check(RUN_TRANSITIONS, kind, run.state, "run")
+    run.state = _check(RUN_TRANSITIONS, _claim_kind(run.state), run.state, "run")
     run.lease_owner = owner
     run.lease_generation += 1
     run.next_wake_at = None

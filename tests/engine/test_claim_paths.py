@@ -1,0 +1,112 @@
+"""One claim, two paths: PostgreSQL claims in one statement (storage.claim), every database can
+claim in a transaction (leases._claim_in_transaction). Both read the state switch from the
+transitions' table; here the same claims run on both paths, on twin runs, and the rows they
+leave (run, steps, audit event, history) are compared field by field."""
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import connection
+
+from recovery.engine import transitions
+from recovery.engine.executor import advance
+from recovery.engine.transitions.leases import _claim_in_one_statement, _claim_in_transaction
+from recovery.models import AuditEvent, RunState, WorkflowRun
+
+pytestmark = pytest.mark.django_db
+
+# Fields that differ between twins by construction: their own ids, and what is derived from
+# the event (the workflow id, the keys, the hash chain).
+RUN_OWN = {"id", "workflow_id", "input", "input_hash"}
+STEP_OWN = {"id", "run", "idempotency_key", "intent", "request_hash", "remote_ref", "result"}
+AUDIT_OWN = {"id", "run", "prev_hash", "hash"}
+
+
+@pytest.fixture(autouse=True)
+def postgresql():
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement claim is PostgreSQL's (set DATABASE_URL=postgres://…)")
+
+
+def fields(obj, own: set[str]) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.attname) for f in obj._meta.concrete_fields if f.name not in own}
+
+
+def pending(order: str, clock) -> WorkflowRun:
+    return transitions.run_start(workflow="test_orders", data={"tenant": "t", "order_id": order})[0]
+
+
+def lease_expired(order: str, clock) -> WorkflowRun:
+    run = pending(order, clock)
+    transitions.run_claim(run_pk=run.pk, owner="lost-executor")
+    return run
+
+
+def waiting(order: str, clock) -> WorkflowRun:
+    run = pending(order, clock)
+    lease = transitions.run_claim(run_pk=run.pk, owner="first")
+    transitions.run_wait(lease=lease, wake_at=clock.now(), reason="retrying create_task")
+    return run
+
+
+def compensating(order: str, clock) -> WorkflowRun:
+    run = pending(order, clock)
+    advance(run.pk)
+    supervisor = get_user_model().objects.get_or_create(username="sam")[0]
+    supervisor.groups.add(Group.objects.get_or_create(name="supervisor")[0])
+    transitions.run_compensate(workflow_id=run.workflow_id, actor=supervisor, reason="vendor cancelled the order")
+    return run
+
+
+@pytest.mark.parametrize(
+    "prepare,expected",
+    [
+        (pending, ("claim", RunState.RUNNING)),
+        (lease_expired, ("lease_takeover", RunState.RUNNING)),
+        (waiting, ("claim", RunState.RUNNING)),
+        (compensating, ("claim", RunState.COMPENSATING)),
+    ],
+)
+def test_both_claim_paths_leave_the_same_rows(clock, prepare, expected):
+    one, other = prepare("twin-a", clock), prepare("twin-b", clock)
+    clock.advance(3600)  # past every lease and wake-up time
+    events = AuditEvent.objects.count()
+    steps_before = [[fields(s, {"run"}) for s in r.steps.order_by("position")] for r in (one, other)]
+
+    leases = [
+        _claim_in_one_statement("executor-2", clock.now(), one.pk),
+        _claim_in_transaction("executor-2", clock.now(), other.pk),
+    ]
+
+    runs = [WorkflowRun.objects.get(pk=r.pk) for r in (one, other)]
+    action, state = expected
+    assert [r.state for r in runs] == [state, state]
+    assert fields(runs[0], RUN_OWN) == fields(runs[1], RUN_OWN)
+    # A claim leaves the steps as they were, on either path.
+    assert [[fields(s, {"run"}) for s in r.steps.order_by("position")] for r in runs] == steps_before
+    steps = [[fields(s, STEP_OWN) for s in r.steps.order_by("position")] for r in runs]
+    assert steps[0] == steps[1] and steps[0]
+    audits = [r.audit_events.get(action=action, id__gt=0, at=clock.now()) for r in runs]
+    assert fields(audits[0], AUDIT_OWN) == fields(audits[1], AUDIT_OWN)
+    assert AuditEvent.objects.count() == events + 2  # one event per claim, nothing else
+    assert runs[0].history.count() == runs[1].history.count()
+
+    a, b = leases
+    assert (a.owner, a.generation, a.taken_over) == (b.owner, b.generation, b.taken_over)
+    assert a.taken_over == (action == "lease_takeover")
+    assert fields(a.seen["run"], RUN_OWN) == fields(b.seen["run"], RUN_OWN) == fields(runs[0], RUN_OWN)
+    assert [fields(s, STEP_OWN) for s in a.seen["steps"].values()] == steps[0]
+    assert [fields(s, STEP_OWN) for s in b.seen["steps"].values()] == steps[1]
+
+
+def test_a_run_no_claim_may_take_is_left_alone_by_both_paths(clock):
+    done = [pending(order, clock) for order in ("done-a", "done-b")]
+    for run in done:
+        advance(run.pk)
+    events = AuditEvent.objects.count()
+    assert _claim_in_one_statement("x", clock.now(), done[0].pk) is None
+    assert _claim_in_transaction("x", clock.now(), done[1].pk) is None
+    assert AuditEvent.objects.count() == events
+    assert {r.state for r in WorkflowRun.objects.all()} == {RunState.COMPLETED}
