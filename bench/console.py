@@ -44,10 +44,8 @@ import json
 import math
 import os
 import re
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -296,10 +294,8 @@ def verdict(results: list[Measurement], max_queries: int) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
-    db = seed.open_from_args(args, prefix="bench_console")
-    work = Path(tempfile.mkdtemp(prefix="bench-console-"))
-    sql_log = work / "sql.jsonl"
-    try:
+    with seed.bench_run(args, prefix="bench_console") as (db, work):
+        sql_log = work / "sql.jsonl"
         seed.manage(db.url, "migrate", "--noinput")  # a reused database gets newer migrations
         username, password = create_supervisor(db.url)
         env = {"BENCH_SQL_LOG": str(sql_log), "DATABASE_CONN_MAX_AGE": str(args.conn_max_age)}
@@ -340,17 +336,9 @@ def run(args: argparse.Namespace) -> int:
             },
             "targets": targets,
             "all_targets_hold": targets["p95_under_100ms"] and targets["queries_constant"] and targets["no_full_count"],
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         }
-        print(json.dumps(summary))
+        seed.print_summary(summary, load_before)
         return 0
-    finally:
-        db.close()
-        if args.keep:
-            seed.log(f"kept the server's logs in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:

@@ -35,12 +35,9 @@ figure noisy. Every server stops at the end; a throw-away database is dropped un
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -226,9 +223,7 @@ def verdict(results: list[Result], cut_list: list[Cut]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     load_before = os.getloadavg()
-    db = seed.open_from_args(args, prefix="bench_export")
-    work = Path(tempfile.mkdtemp(prefix="bench-export-"))
-    try:
+    with seed.bench_run(args, prefix="bench_export") as (db, work):
         seed.manage(db.url, "migrate", "--noinput")
         user = create_supervisor(db.url)
         cut_list = sorted(cuts(db.url, args.sizes.split(",")), key=lambda c: c.rows)
@@ -273,17 +268,9 @@ def run(args: argparse.Namespace) -> int:
             "all_targets_hold": targets["ratio_target_holds"]
             and targets["rss_flat"]
             and not targets["row_count_mismatches"],
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         }
-        print(json.dumps(summary))
+        seed.print_summary(summary, load_before)
         return 0
-    finally:
-        db.close()
-        if args.keep:
-            seed.log(f"kept the server's logs in {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:

@@ -40,13 +40,17 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -55,7 +59,7 @@ from psycopg import sql
 if __package__ in (None, ""):  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from recovery import audit_chain  # noqa: E402
+from recovery.engine.audit import chain as audit_chain  # noqa: E402
 from recovery.fields import canonical_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +126,38 @@ def create_database(admin_url: str, name: str) -> None:
 
 def drop_database(admin_url: str, name: str) -> None:
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop_database_on(conn, name)
+
+
+def drop_database_on(conn: psycopg.Connection, name: str) -> None:
+    """Drop ``name`` through an autocommit connection, its clients disconnected (FORCE)."""
+    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@contextmanager
+def bench_run(args: argparse.Namespace, *, prefix: str) -> Iterator[tuple[BenchDatabase, Path]]:
+    """A benchmark's database (``open_from_args``) and scratch directory: the database is closed
+    at the end, the directory removed unless ``--keep`` (then its path is logged)."""
+    db = open_from_args(args, prefix=prefix)
+    work = Path(tempfile.mkdtemp(prefix=f"{prefix.replace('_', '-')}-"))
+    try:
+        yield db, work
+    finally:
+        db.close()
+        if args.keep:
+            log(f"kept the server's logs in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def print_summary(summary: dict[str, Any], load_before: tuple[float, float, float]) -> None:
+    """The benchmark's last line: its figures as one JSON object, with the load average before
+    and after (another CPU-heavy process on a small machine makes every figure noisy)."""
+    loads = {
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(json.dumps({**summary, **loads}))
 
 
 def django_env(db_url: str, **extra: str) -> dict[str, str]:
