@@ -1,18 +1,14 @@
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from recovery import clock as engine_clock
-from recovery import testing
-from recovery.engine import failpoints
-from recovery.models import WorkflowRun
 from recovery.testing import MovableClock
 from tests.support import receivers
+
+# Fixtures shared by more than one test package (the model server, the sandbox's client).
+pytest_plugins = ["tests.support.model_server", "tests.support.sandbox_api"]
 
 
 @pytest.fixture
@@ -35,93 +31,6 @@ def _clean_receivers():
 def postgres_only():
     if connection.vendor != "postgresql":
         pytest.skip("needs real concurrency: runs on PostgreSQL (set DATABASE_URL=postgres://…)")
-
-
-def crash_at(monkeypatch, failpoint: str, call: Callable[[], Any]) -> None:
-    """Run ``call`` with ``failpoint`` (``STEP:POINT``) armed to raise, and expect it to stop
-    there as a crash would: the run keeps whatever was committed before that point."""
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", f"{failpoint}=raise")
-    try:
-        with pytest.raises(failpoints.FailpointRaised):
-            call()
-    finally:
-        monkeypatch.delenv("RECOVERY_FAILPOINTS")
-
-
-def advance_as_dying_workers(run: WorkflowRun, clock: MovableClock, rounds: int) -> WorkflowRun:
-    """``rounds`` executors in turn, each taking the run over once the last one's lease has
-    expired; an armed failpoint's raise ends an executor as a crash would."""
-    from recovery.engine.executor import advance
-
-    for _ in range(rounds):
-        try:
-            advance(run.pk)
-        except failpoints.FailpointRaised:
-            pass
-        clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
-    run.refresh_from_db()
-    return run
-
-
-def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 60) -> WorkflowRun:
-    """Advance a run the way production would until it comes to rest (recovery.testing.drive);
-    fail the test if it does not."""
-    return testing.drive(run, clock, max_rounds=max_rounds, owner="test-executor", must_settle=True)
-
-
-def lease_expired_running_steps() -> list:
-    """Steps `running` whose run's lease has expired (the failure tests: none may exist at rest)."""
-    from recovery.models import StepExecution, StepState
-
-    now = engine_clock.now()
-    return list(StepExecution.objects.filter(state=StepState.RUNNING).exclude(run__lease_expires_at__gt=now))
-
-
-def assert_invariants() -> None:
-    """After every failure test: nothing `running` past its lease, and every succeeded
-    side-effecting step keeps its remote reference."""
-    from recovery.models import StepExecution, StepState
-
-    assert lease_expired_running_steps() == []
-    for step in StepExecution.objects.filter(
-        state=StepState.SUCCEEDED, step_name__in=["create_task", "notify", "post_entry"]
-    ):
-        assert step.remote_ref, f"{step} succeeded without a remote reference"
-    for step in StepExecution.objects.filter(state=StepState.COMPENSATED):
-        assert step.remote_ref and step.compensation_ref, f"{step} compensated without its evidence"
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """Environment for a child `manage.py` or Celery process that uses this test's database."""
-    import os
-
-    from django.db import connections
-
-    env = {k: v for k, v in os.environ.items() if k != "RECOVERY_FAILPOINTS"}
-    env.update(
-        DATABASE_URL=_database_url(connections["default"]),
-        SANDBOX_DATABASE_URL=_database_url(connections["sandbox"]),
-        DJANGO_SETTINGS_MODULE="config.test_settings",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
-
-
-def _database_url(conn) -> str:
-    db = conn.settings_dict
-    if conn.vendor == "postgresql":
-        auth = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
-        return f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    return f"sqlite:///{db['NAME']}"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -175,8 +175,8 @@ def test_recover_resolve_happened_settles_an_unknown_step_from_the_shell(clock):
     its remote id, through the console's own transition."""
     from recovery.engine.executor import advance
     from recovery.models import StepState
-    from tests.conftest import crash_at
     from tests.support import receivers
+    from tests.support.engine import crash_at
 
     person("olga")
     wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))

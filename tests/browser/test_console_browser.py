@@ -12,8 +12,8 @@ from django.contrib.auth.models import Group
 from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from tests.browser.conftest import needs_chromium
-from tests.conftest import drive
 from tests.support import receivers, workflows
+from tests.support.engine import drive
 
 SHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 

@@ -12,8 +12,8 @@ from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, WorkflowRun
 from sandbox.models import Fault
 from tests.browser.conftest import needs_chromium
-from tests.conftest import drive
 from tests.support import hostile, receivers, workflows
+from tests.support.engine import drive
 
 pytestmark = [
     pytest.mark.slow,

@@ -42,9 +42,9 @@ from recovery.permissions import Role
 from sandbox import faults
 from sandbox import services as sandbox_services
 from sandbox.models import Fault, IdempotencyRecord, LedgerEntry, Message, Task
-from tests.conftest import drive
-from tests.console.test_console import failed_run, unknown_run
 from tests.support import receivers
+from tests.support.console import failed_run, unknown_run
+from tests.support.engine import drive
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 

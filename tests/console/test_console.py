@@ -3,8 +3,6 @@ audited with the operator and a reason, and goes through the same transitions as
 executor."""
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -12,37 +10,12 @@ from django.urls import reverse
 
 from recovery.engine.transitions import run_start, run_version
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
-from tests.conftest import drive
-from tests.support import receivers, workflows
+from tests.support import receivers
+from tests.support.console import act, failed_run, login, unknown_run
+from tests.support.engine import drive
 from tests.support.models import RemoteObject
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def login(role: str | None) -> Client:
-    user = get_user_model().objects.create_user(f"u-{role}", password="pw")
-    if role:
-        user.groups.add(Group.objects.get_or_create(name=role)[0])  # a flush drops the migration's rows
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def failed_run(clock, order_id="o-1", *, workflow="test_orders"):
-    receivers.arm("task", "forbidden")
-    return drive(run_start(workflow=workflow, data={"tenant": "t", "order_id": order_id})[0], clock)
-
-
-def unknown_run(clock, monkeypatch, order_id="o-u", *, workflow="test_orders"):
-    receivers.arm("message", "commit_then_drop")
-    monkeypatch.setattr(workflows.notify, "lookup_fn", lambda ctx: (_ for _ in ()).throw(RuntimeError("down")))
-    return drive(run_start(workflow=workflow, data={"tenant": "t", "order_id": order_id})[0], clock)
-
-
-def act(client, run, action, *, step="", reason="checked with the team", version=None, htmx=True, **extra):
-    data = {"action": action, "step": step, "reason": reason, "version": version or run_version(run), **extra}
-    headers = {"HX-Request": "true", "HX-Target": "run-body"} if htmx else {}
-    return client.post(reverse("console:run-action", args=[run.workflow_id]), data, headers=headers)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from recovery import clock as engine_clock
 from recovery.console import selectors
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.permissions import Role, role_of
-from tests.console.test_console import failed_run, login
+from tests.support.console import failed_run, login
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

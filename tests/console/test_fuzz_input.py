@@ -29,8 +29,8 @@ from recovery.api.views import MAX_BODY_BYTES
 from recovery.engine.transitions import run_start, run_version
 from recovery.models import ApiToken, AuditEvent, ModelDecision, StepExecution, WorkflowRun
 from sandbox.models import Fault
-from tests.conftest import drive
 from tests.support import hostile, receivers, workflows
+from tests.support.engine import drive
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 

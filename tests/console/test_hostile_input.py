@@ -18,8 +18,8 @@ from recovery.console.selectors import RunFilters
 from recovery.engine.transitions import run_version
 from recovery.models import ApiToken, AuditEvent, StepExecution, WorkflowRun
 from sandbox.models import Fault
-from tests.console.test_console import act, failed_run, login, unknown_run
 from tests.support import hostile
+from tests.support.console import act, failed_run, login, unknown_run
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 

@@ -16,7 +16,7 @@ from django.db import DatabaseError, connection, transaction
 from recovery.engine.audit import chain as audit_chain
 from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, WorkflowRun
-from tests.conftest import drive
+from tests.support.engine import drive
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,8 @@ from recovery.engine.transitions import run_start
 from recovery.errors import InvalidTransition
 from recovery.models import AuditEvent, RunState, StepState
 from recovery.workflow import CompensationPolicy
-from tests.conftest import assert_invariants, drive
 from tests.support import receivers, workflows
+from tests.support.engine import assert_invariants, drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

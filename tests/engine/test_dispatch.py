@@ -12,8 +12,8 @@ from recovery import tasks
 from recovery.engine.executor import advance
 from recovery.engine.transitions import run_start
 from recovery.models import RunState, WorkflowRun
-from tests.conftest import drive
 from tests.support import receivers
+from tests.support.engine import drive
 
 pytestmark = pytest.mark.django_db
 

@@ -23,7 +23,7 @@ from recovery.engine.audit import export as exports
 from recovery.engine.audit.export import COLUMNS, AuditFilters, audit_events, csv_lines, jsonl_lines, parse_filters
 from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, WorkflowRun
-from tests.conftest import drive
+from tests.support.engine import drive
 
 pytestmark = pytest.mark.django_db
 

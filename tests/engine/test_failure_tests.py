@@ -11,8 +11,8 @@ from recovery.engine.executor import advance
 from recovery.engine.transitions import run_start
 from recovery.errors import ErrorKind
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState, WorkflowRun
-from tests.conftest import advance_as_dying_workers, assert_invariants, crash_at, drive
 from tests.support import receivers
+from tests.support.engine import advance_as_dying_workers, assert_invariants, crash_at, drive
 from tests.support.workflows import FAST
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from recovery.engine.audit import chain as audit_chain
 from recovery.engine.transitions import run_claim, run_start
 from recovery.fields import canonical_json
 from recovery.models import AuditEvent
-from tests.conftest import drive
+from tests.support.engine import drive
 
 pytestmark = pytest.mark.django_db
 

@@ -27,9 +27,9 @@ from recovery.engine.transitions import (
 from recovery.errors import ApprovalRequired, InvalidTransition
 from recovery.models import ApprovalRequest, ApprovalState, AuditEvent, RunState, StepState, WorkflowRun
 from recovery.workflow import Workflow
-from tests.conftest import drive
-from tests.console.test_console import failed_run, unknown_run
 from tests.support import receivers, workflows
+from tests.support.console import failed_run, unknown_run
+from tests.support.engine import drive
 from tests.support.models import RemoteObject
 
 pytestmark = pytest.mark.django_db

@@ -21,8 +21,8 @@ from recovery.models import AuditEvent, OutboxMessage, RunState, StepState, Work
 from recovery.testing import Receivers, inject
 from recovery.testing import drive as drive_with
 from recovery.workflow import get_workflow
-from tests.conftest import assert_invariants, drive
 from tests.support import receivers
+from tests.support.engine import assert_invariants, drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,7 +12,7 @@ from recovery.engine.transitions import run_start
 from recovery.errors import TransientError
 from recovery.models import AuditEvent, RunState, StepState
 from recovery.testing import fault_matrix
-from tests.conftest import advance_as_dying_workers, drive
+from tests.support.engine import advance_as_dying_workers, drive
 from tests.support.models import RemoteObject
 from tests.support.workflows import FAST
 

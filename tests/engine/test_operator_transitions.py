@@ -9,8 +9,8 @@ from recovery.engine.executor import advance
 from recovery.engine.transitions import run_start
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState
-from tests.conftest import assert_invariants, crash_at, drive
 from tests.support import receivers
+from tests.support.engine import assert_invariants, crash_at, drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -156,7 +156,7 @@ def test_terminating_a_run_whose_worker_died_mid_call_leaves_no_step_running(clo
     as unknown (its call may have landed), never left running forever."""
     run = start()
     crash_at_step = "create_task:after_call"
-    from tests.conftest import crash_at
+    from tests.support.engine import crash_at
 
     crash_at(pytest.MonkeyPatch(), crash_at_step, lambda: advance(run.pk))
     transitions.run_terminate(workflow_id=run.workflow_id, actor=operator, reason="duplicate order")

@@ -41,9 +41,9 @@ from recovery.models import (
 from recovery.redaction import MARKER, RedactingFilter, redact, redact_text
 from recovery.workflow import get_workflow, payload_hash
 from sandbox import faults
-from tests.conftest import crash_at, drive
 from tests.support import receivers
-from tests.workflows.test_model_providers import VALID_DECISION, Reply, completion, stub  # noqa: F401  (stub: the fixture)
+from tests.support.engine import crash_at, drive
+from tests.support.model_server import VALID_DECISION, Reply, completion
 from workflows.invoice import adapters
 
 KEY = "sk-proj-unit0123456789abcdefghijkl"

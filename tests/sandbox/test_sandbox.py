@@ -8,48 +8,17 @@ import subprocess
 import sys
 import threading
 import time
-from io import StringIO
 
 import pytest
-from django.conf import settings
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connections, router
-from django.test import Client
 
 from sandbox import faults, services
 from sandbox.models import Fault, LedgerEntry, Message, Task
 from sandbox.services import past_timeout_seconds
+from tests.support.sandbox_api import ENTRY, TASK, adapter_client, create_task, post, post_entry, run_sandbox, send
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
-
-TASK = {"title": "Approve inv-1847", "assignee": "alice", "payload": {"invoice": "inv-1847", "amount": 120}}
-ENTRY = {"reference": "inv-1847", "amount": "123.45", "currency": "EUR", "account": "6000", "memo": "chairs"}
-
-
-def adapter_client() -> Client:
-    """A caller with the sandbox's API key, as the adapters are."""
-    return Client(headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"})
-
-
-@pytest.fixture
-def api() -> Client:
-    return adapter_client()
-
-
-def post(api: Client, url: str, body, **headers):
-    return api.post(url, data=json.dumps(body), content_type="application/json", headers=headers)
-
-
-def create_task(api: Client, key: str = "key-1", body: dict = TASK):
-    return post(api, "/sandbox/tasks/", body, **{"Idempotency-Key": key})
-
-
-def send(api: Client, text: str = "please approve inv-1847", client_ref: str = "ref-1", **headers):
-    return post(api, "/sandbox/messages/", {"to": "alice", "text": text, "client_ref": client_ref}, **headers)
-
-
-def post_entry(api: Client, **changes):
-    return post(api, "/sandbox/ledger/entries/", {**ENTRY, **changes})
 
 
 # --- Tasks -----------------------------------------------------------------------------
@@ -409,12 +378,6 @@ def test_counts_has_the_documented_keys_and_clear_leaves_a_clean_slate(api):
 
 
 # --- The command -----------------------------------------------------------------------
-
-
-def run_sandbox(*args, **kwargs) -> str:
-    out = StringIO()
-    call_command("sandbox", *args, stdout=out, stderr=StringIO(), **kwargs)
-    return out.getvalue().strip()
 
 
 def test_the_command_arms_a_fault_counts_and_clears(api):

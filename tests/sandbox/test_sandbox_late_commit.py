@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from sandbox import faults, services
 from sandbox.models import FAULTABLE, Fault, FaultMode, LedgerEntry, Message, Task
-from tests.sandbox.test_sandbox import ENTRY, TASK, adapter_client, create_task, post, post_entry, run_sandbox, send
+from tests.support.sandbox_api import ENTRY, TASK, adapter_client, create_task, post, post_entry, run_sandbox, send
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import subprocess_env
+from tests.support.engine import subprocess_env
 
 MANAGE = str(Path(__file__).resolve().parents[2] / "manage.py")
 LEASE = 300  # seconds: far longer than any process start, so wall-clock time never decides a claim

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from recovery.models import RunState, WorkflowRun
-from tests.conftest import free_port, subprocess_env
 from tests.support import receivers
+from tests.support.engine import free_port, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -16,8 +16,8 @@ from recovery.engine import transitions
 from recovery.engine.transitions import run_start, run_version
 from recovery.errors import InvalidTransition
 from recovery.models import AuditEvent, RunState, StepExecution, WorkflowRun
-from tests.conftest import drive, subprocess_env
 from tests.support import receivers
+from tests.support.engine import drive, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -44,7 +44,7 @@ class Planted:
 
 
 def plant(clock, monkeypatch) -> Planted:
-    from tests.conftest import drive
+    from tests.support.engine import drive
 
     actor = tagged(IMG, "actor")[:150]
     user = get_user_model().objects.create_user(actor, password="pw")

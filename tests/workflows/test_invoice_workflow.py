@@ -28,8 +28,7 @@ from recovery.models import (
 )
 from recovery.workflow import CompensationPolicy
 from sandbox import faults
-from tests.conftest import crash_at, drive, lease_expired_running_steps
-from tests.workflows.test_model_providers import stub  # noqa: F401  (the fixture)
+from tests.support.engine import crash_at, drive, lease_expired_running_steps
 from workflows.invoice import workflow as invoice_module
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
@@ -382,7 +381,7 @@ def test_openai_provider_end_to_end_keeps_invalid_output_and_never_persists_the_
 
     from django.core.management import call_command
 
-    from tests.workflows.test_model_providers import VALID_DECISION, Reply, completion
+    from tests.support.model_server import VALID_DECISION, Reply, completion
 
     key = "sk-planted-SECRET-0123456789abcdef"
     settings.MODEL_PROVIDER, settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = "openai", stub.base_url, key
