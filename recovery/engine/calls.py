@@ -14,17 +14,8 @@ from django.db import connection
 
 from recovery.engine import failpoints, heartbeat, transitions
 from recovery.engine.transitions import Lease
-from recovery.errors import (
-    DatabaseUnavailable,
-    InvalidModelOutput,
-    StepError,
-    classify,
-)
-from recovery.workflow import (
-    Outcome,
-    StepContext,
-    StepSpec,
-)
+from recovery.errors import DatabaseUnavailable, InvalidModelOutput, StepError, classify
+from recovery.workflow import Outcome, StepContext, StepSpec
 
 log = logging.getLogger("recovery.executor")
 

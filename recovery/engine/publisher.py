@@ -12,19 +12,9 @@ from django.db import InterfaceError, OperationalError
 from recovery import clock
 from recovery.engine import failpoints, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke
-from recovery.errors import (
-    LeaseLost,
-)
-from recovery.models import (
-    OutboxMessage,
-    StepExecution,
-    StepState,
-)
-from recovery.workflow import (
-    StepContext,
-    StepSpec,
-    get_workflow,
-)
+from recovery.errors import LeaseLost
+from recovery.models import OutboxMessage, StepExecution, StepState
+from recovery.workflow import StepContext, StepSpec, get_workflow
 
 log = logging.getLogger("recovery.executor")
 

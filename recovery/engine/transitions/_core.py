@@ -19,20 +19,8 @@ from django.db import connection, transaction
 
 from recovery import clock, redaction
 from recovery.engine import storage
-from recovery.errors import (
-    ErrorKind,
-    InvalidTransition,
-    LeaseLost,
-    RunChanged,
-    StepError,
-)
-from recovery.models import (
-    AuditEvent,
-    RunState,
-    StepExecution,
-    StepState,
-    WorkflowRun,
-)
+from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, StepError
+from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.workflow import get_workflow
 

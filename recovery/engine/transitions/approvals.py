@@ -10,15 +10,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
 from recovery import clock, permissions
-from recovery.errors import (
-    InvalidTransition,
-    RunChanged,
-)
-from recovery.models import (
-    ApprovalRequest,
-    ApprovalState,
-    WorkflowRun,
-)
+from recovery.errors import InvalidTransition, RunChanged
+from recovery.models import ApprovalRequest, ApprovalState, WorkflowRun
 from recovery.redaction import redact_text
 
 from ._core import _audit, _locked_run_by_id, _snap, require_reason, run_version

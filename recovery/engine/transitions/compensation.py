@@ -10,19 +10,8 @@ from django.db import transaction
 
 from recovery import clock
 from recovery.engine import dispatch
-from recovery.errors import (
-    ErrorKind,
-    InvalidTransition,
-    StepError,
-    TransientError,
-)
-from recovery.models import (
-    ApprovalRequest,
-    RunState,
-    StepExecution,
-    StepState,
-    WorkflowRun,
-)
+from recovery.errors import ErrorKind, InvalidTransition, StepError, TransientError
+from recovery.models import ApprovalRequest, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.workflow import Outcome, StepSpec, get_workflow
 

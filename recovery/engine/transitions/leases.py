@@ -14,12 +14,7 @@ from django.db.models import Q
 
 from recovery import clock
 from recovery.engine import storage
-from recovery.models import (
-    OutboxMessage,
-    RunState,
-    StepExecution,
-    WorkflowRun,
-)
+from recovery.models import OutboxMessage, RunState, StepExecution, WorkflowRun
 
 from ._core import (
     RUN_LEASE_FIELDS,

@@ -13,10 +13,7 @@ from django.db.models import Q
 from recovery import clock, permissions
 from recovery.actions import ACTIONS, FOUR_EYES_ACTIONS
 from recovery.engine import dispatch
-from recovery.errors import (
-    ApprovalRequired,
-    InvalidTransition,
-)
+from recovery.errors import ApprovalRequired, InvalidTransition
 from recovery.models import (
     ApprovalRequest,
     ApprovalState,

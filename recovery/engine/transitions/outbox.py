@@ -12,19 +12,8 @@ from django.db.models import Q
 
 from recovery import clock
 from recovery.engine import dispatch
-from recovery.errors import (
-    ErrorKind,
-    LeaseLost,
-    StepError,
-    TransientError,
-)
-from recovery.models import (
-    OutboxMessage,
-    OutboxState,
-    RunState,
-    StepExecution,
-    WorkflowRun,
-)
+from recovery.errors import ErrorKind, LeaseLost, StepError, TransientError
+from recovery.models import OutboxMessage, OutboxState, RunState, StepExecution, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.workflow import Outcome, StepSpec
 

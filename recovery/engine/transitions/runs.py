@@ -11,14 +11,8 @@ from django.db import IntegrityError, transaction
 
 from recovery import clock
 from recovery.engine import dispatch
-from recovery.errors import (
-    StartConflict,
-)
-from recovery.models import (
-    RunState,
-    StepExecution,
-    WorkflowRun,
-)
+from recovery.errors import StartConflict
+from recovery.models import RunState, StepExecution, WorkflowRun
 from recovery.workflow import Workflow, get_workflow, idempotency_key, payload_hash
 
 from ._core import (

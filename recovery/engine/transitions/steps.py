@@ -9,16 +9,8 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Max
 
-from recovery.errors import (
-    ErrorKind,
-    StepError,
-)
-from recovery.models import (
-    DecisionState,
-    ModelDecision,
-    RunState,
-    StepExecution,
-)
+from recovery.errors import ErrorKind, StepError
+from recovery.models import DecisionState, ModelDecision, RunState, StepExecution
 from recovery.redaction import redact_text
 from recovery.workflow import Outcome, Reconcile, StepSpec
 

@@ -3,10 +3,7 @@ leads to). Every transition function checks its move against these tables."""
 
 from __future__ import annotations
 
-from recovery.models import (
-    RunState,
-    StepState,
-)
+from recovery.models import RunState, StepState
 
 EXECUTOR = "executor"
 
