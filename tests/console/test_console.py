@@ -56,6 +56,8 @@ def test_operator_retries_a_failed_step_with_a_reason_and_the_audit_names_them(c
     assert "retry (create_task) recorded" in response.text
     event = AuditEvent.objects.get(run=run, action="retry")
     assert (event.actor, event.reason) == ("u-operator", "tracker token rotated")
+    version = response.context["versions"][0]  # the run's saved versions name the operator too
+    assert (version.history_user.get_username(), version.state) == ("u-operator", RunState.PENDING)
     run = drive(run, clock)
     assert run.state == RunState.COMPLETED
     assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}

@@ -181,3 +181,35 @@ def test_terminating_a_run_whose_worker_died_mid_call_leaves_no_step_running(clo
     transitions.run_compensate(workflow_id=run.workflow_id, actor=operator, reason="undo the task")
     run = drive(run, clock)  # …and compensate it
     assert run.state == RunState.COMPENSATED and receivers.compensations()["task_cancel"] == 1
+
+
+def test_every_operator_change_saves_a_version_naming_the_operator(clock, operator):
+    """The run's and its steps' version histories (django-simple-history) record who changed
+    them: after retry, resume, compensate and terminate by a named operator, each change left a
+    version with that operator as ``history_user``; the executor's own checkpoints leave none."""
+    receivers.arm("task", "forbidden")
+    run = drive(start(), clock)  # failed at create_task
+    executor_versions = run.history.count()
+    assert not run.history.filter(history_user__isnull=False).exists()
+
+    transitions.step_retry(workflow_id=run.workflow_id, step_name="create_task", actor=operator, reason="token rotated")
+    task = run.steps.get(step_name="create_task")
+    assert run.history.filter(history_user=operator, state=RunState.PENDING).exists()
+    assert task.history.filter(history_user=operator, state=StepState.PENDING).exists()
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert run.history.count() == executor_versions + 1  # the executor's checkpoints saved none
+
+    transitions.run_compensate(workflow_id=run.workflow_id, actor=operator, reason="vendor cancelled")
+    assert run.history.filter(history_user=operator, state=RunState.COMPENSATING).exists()
+    assert task.history.filter(history_user=operator, state=StepState.COMPENSATING).exists()
+
+    other = run_start(workflow="test_orders", data={**EVENT, "order_id": "o-10"})[0]
+    transitions.run_terminate(workflow_id=other.workflow_id, actor=operator, reason="duplicate order")
+    assert other.history.filter(history_user=operator, state=RunState.TERMINATED).exists()
+
+    receivers.arm("task", "forbidden")
+    third = drive(run_start(workflow="test_orders", data={**EVENT, "order_id": "o-11"})[0], clock)
+    transitions.run_resume(workflow_id=third.workflow_id, actor=operator, reason="token rotated")
+    assert third.history.filter(history_user=operator, state=RunState.PENDING).exists()

@@ -141,9 +141,13 @@ def _snap(run: WorkflowRun, step: StepExecution | None = None) -> dict[str, Any]
 def _history_user(obj: Any, actor: AbstractBaseUser | None) -> None:
     # django-simple-history records who made a change only when told (no request under Celery).
     # It keeps the versions people saved; the executor's own changes are in the audit trail,
-    # and a history row per checkpoint would double the executor's writes.
+    # and a history row per checkpoint would double the executor's writes. It skips a save
+    # whenever ``skip_history_when_saving`` exists, whatever its value: set it, or remove it.
     obj._history_user = actor
-    obj.skip_history_when_saving = actor is None
+    if actor is None:
+        obj.skip_history_when_saving = True
+    elif hasattr(obj, "skip_history_when_saving"):
+        del obj.skip_history_when_saving
 
 
 RUN_LEASE_FIELDS = ["state", "lease_owner", "lease_expires_at", "lease_generation", "next_wake_at", "updated_at"]
