@@ -1,6 +1,6 @@
 """What the console's views call: operator actions mapped onto the transition functions (the
-same ones the executor and `manage.py recover` use), bulk actions, and the read models of
-the dashboard and the demo page."""
+same ones the executor and `manage.py recover` use), bulk actions, and the read model of the
+dashboard."""
 
 from __future__ import annotations
 
@@ -42,8 +42,6 @@ def apply_action(
     common = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect}
     if len(remote_ref.strip()) > REMOTE_REF_MAX_LENGTH:
         raise InvalidTransition(f"a remote id has at most {REMOTE_REF_MAX_LENGTH} characters")
-    if action in ACTIONS and ACTIONS[action].step == StepArg.REQUIRED and not step:
-        raise InvalidTransition(f"{action} needs a step")
     if action in ("approve", "reject"):
         return _decide(action, request_id, workflow_id=workflow_id, actor=actor, reason=reason, expect=expect)
     try:
