@@ -9,9 +9,12 @@ can all read it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+from recovery.errors import InvalidTransition
 
 
 class StepArg(StrEnum):
@@ -30,6 +33,7 @@ class OperatorAction:
     four_eyes: bool = False  # a workflow may put it behind a second supervisor (Workflow(four_eyes=…))
     bulk: bool = False  # the console's bulk form may apply it to many runs
     evidence: bool = False  # takes the remote id that shows the effect happened (--remote-ref)
+    decision: bool = False  # takes an edited decision (JSON) for a model step
     options: dict[str, Any] = field(default_factory=dict)  # fixed arguments of the transition
 
 
@@ -59,6 +63,11 @@ ACTIONS: dict[str, OperatorAction] = {
         ),
         OperatorAction("compensate", "compensate", "compensate", "run_compensate", StepArg.OPTIONAL, four_eyes=True),
         OperatorAction("terminate", "terminate", "terminate", "run_terminate", four_eyes=True, bulk=True),
+        OperatorAction(
+            "supersede", "change the decision", "supersede", "decision_supersede", StepArg.REQUIRED, decision=True
+        ),
+        OperatorAction("decide_again", "ask the model again", "supersede", "decision_supersede", StepArg.REQUIRED),
+        OperatorAction("override", "accept the refused proposal", "override", "step_override", StepArg.REQUIRED),
     )
 }
 
@@ -70,3 +79,16 @@ DECISIONS = {"approve": "approve", "reject": "approve"}
 
 # action or decision -> the permission it needs
 PERMISSION_OF = {**{name: action.permission for name, action in ACTIONS.items()}, **DECISIONS}
+
+
+def parse_decision(text: str | None) -> dict[str, Any]:
+    """An edited decision as the form or ``recover --decision`` gives it: a JSON object."""
+    if not (text or "").strip():
+        raise InvalidTransition("give the new decision as a JSON object")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise InvalidTransition(f"the decision is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidTransition("the decision must be a JSON object")
+    return value

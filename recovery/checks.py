@@ -1,4 +1,5 @@
-"""System checks: ``manage.py check`` fails for a workflow whose recovery contract has holes."""
+"""System checks: ``manage.py check`` fails for a workflow whose recovery contract has holes, and
+warns about a step that acts on a model's decision unguarded."""
 
 from django.conf import settings
 from django.core import checks
@@ -54,6 +55,27 @@ def check_recovery_contracts(app_configs=None, **kwargs) -> list[checks.CheckMes
                     )
                 )
             errors += _check_timing(where, spec)
+            if workflow.acts_on_decision(spec) and not workflow.guards_for(spec):
+                model_step = workflow.decision_before(spec)
+                errors.append(
+                    checks.Warning(
+                        f"{where} acts on the decision of {model_step.name if model_step else 'a model step'} "
+                        "and declares no guard: whatever the model proposes is sent as it is",
+                        hint=f"declare @{spec.name}.guard(rule) (or @{workflow.name}.guard) to check the decision "
+                        "against your rules and the current state before anything is written",
+                        id="recovery.W001",
+                    )
+                )
+        known = {spec.name for spec in workflow.steps}
+        for guard in workflow.guards:
+            unknown = sorted(set(guard.steps or ()) - known)
+            if unknown:
+                errors.append(
+                    checks.Error(
+                        f"workflow {workflow.name!r}: guard {guard.rule} names no such step: {', '.join(unknown)}",
+                        id="recovery.E009",
+                    )
+                )
     return errors
 
 

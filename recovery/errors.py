@@ -6,6 +6,8 @@ executor never guesses from an exception's type what a retry would do.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 
@@ -15,6 +17,7 @@ class ErrorKind(models.TextChoices):
     PERMANENT = "permanent"  # bad input, authorisation, policy, unsupported: no retry
     UNKNOWN_OUTCOME = "unknown_outcome"  # may have happened: reconcile, never retry blindly
     INVALID_MODEL_OUTPUT = "invalid_model_output"  # schema-invalid proposal: small budget
+    POLICY_REFUSED = "policy_refused"  # a guard refused the step before its intent: review, nothing written
     UNCLASSIFIED = "unclassified"  # nobody said what this is: operator review
 
 
@@ -69,12 +72,28 @@ def classify(exc: BaseException) -> StepError:
     return error
 
 
+class PolicyRefusal(Exception):
+    """Raised by a guard (``@step.guard``, ``@workflow.guard``): the step must not act on this
+    decision. ``rule`` names the policy, ``message`` says what is wrong, ``values`` what the
+    guard compared (shown to the operator). Nothing is written: the run waits for review."""
+
+    def __init__(self, rule: str, message: str, values: dict[str, Any] | None = None):
+        super().__init__(f"{rule}: {message}")
+        self.rule = rule
+        self.message = message
+        self.values = dict(values or {})
+
+
 class EngineError(Exception):
     """Base for refusals by the engine itself (not a step's failure)."""
 
 
 class InvalidTransition(EngineError):
     """The requested transition is not allowed from the current state."""
+
+
+class NotPermitted(InvalidTransition):
+    """The actor's role may not do this (the console answers 403)."""
 
 
 class RunChanged(InvalidTransition):

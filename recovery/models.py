@@ -120,6 +120,11 @@ class StepExecution(models.Model):
     # When the latest compensation request was sent, while its outcome is unknown (its answer
     # was lost, or its executor died): it is not sent again before the in-flight bound has passed.
     compensation_sent_at = models.DateTimeField(null=True, blank=True)
+    # A guard's refusal that holds the step (rule, message, values), until an operator
+    # overrides it, supersedes the decision or the guard passes; nothing was sent for it.
+    refusal = models.JSONField(null=True, blank=True)
+    # Rules a supervisor overrode for this step (rule, by, reason, at): their guards no longer hold it.
+    overrides = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField()
     history = HistoricalRecords()
 

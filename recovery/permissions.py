@@ -1,6 +1,8 @@
 """Who may do what in the console. Checked on the server for every action, whatever the page
 showed: a viewer reads; an operator also resumes, reconciles and retries; a supervisor also
-compensates, terminates and acts in bulk. Superusers are supervisors."""
+terminates, changes or asks again for a model's decision, accepts a proposal a guard refused,
+and acts in bulk. Compensating needs at least an operator, and the role each compensation
+names (``@step.compensate(who=…)``). Superusers are supervisors."""
 
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ REQUIRED_ROLE: dict[str, Role] = {
     "resume": Role.OPERATOR,
     "reconcile": Role.OPERATOR,
     "retry": Role.OPERATOR,
-    "compensate": Role.SUPERVISOR,
+    "compensate": Role.OPERATOR,  # and each compensated step's own ``who`` (transitions check it)
     "terminate": Role.SUPERVISOR,
+    "supersede": Role.SUPERVISOR,  # replace a model's decision (edited, or asked again)
+    "override": Role.SUPERVISOR,  # accept a proposal a guard refused
     "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.engine.transitions.approval_grant)
     "bulk": Role.SUPERVISOR,
     "sandbox": Role.SUPERVISOR,
@@ -57,3 +61,11 @@ def role_of(user: AbstractBaseUser | None) -> Role:
 
 def can(user: AbstractBaseUser | None, action: str) -> bool:
     return role_of(user) >= REQUIRED_ROLE[action]
+
+
+def role_named(name: str) -> Role:
+    """``"operator"`` → Role.OPERATOR (a workflow's ``who=``)."""
+    try:
+        return Role[name.upper()]
+    except KeyError:
+        raise ValueError(f"no role {name!r} (viewer, operator, supervisor)") from None

@@ -15,8 +15,15 @@
     def _(ctx):
         return tracker.find_by_key(ctx.idempotency_key)   # an Outcome, or None if it never happened
 
+    @create_task.guard("assignee_policy")
+    def _(ctx):                                   # before the intent is checkpointed: nothing sent yet
+        if ctx.intent["assignee"] != policy.approver_for(ctx.decision):
+            raise PolicyRefusal("assignee_policy", "not the approver the policy assigns",
+                                {"proposed": ctx.intent["assignee"]})
+
 The engine reads this declaration; the recovery contract table is derived from it, and
-``manage.py check`` refuses a workflow whose unsafe step has no unknown-outcome path.
+``manage.py check`` refuses a workflow whose unsafe step has no unknown-outcome path (and
+warns about a step that acts on a model's decision with no guard).
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,6 +41,7 @@ from django.db import models
 
 from recovery import redaction
 from recovery.actions import FOUR_EYES_ACTIONS
+from recovery.errors import PolicyRefusal as PolicyRefusal  # re-exported: a guard raises it
 from recovery.retries import DEFAULT_POLICY, RetryPolicy
 
 
@@ -104,6 +112,27 @@ class StepContext:
         return self.results[step]
 
 
+@dataclass(frozen=True)
+class GuardContext(StepContext):
+    """What a guard sees: the step's context with the intent about to be checkpointed, and
+    ``decision``, the accepted decision of the latest model step before it. A guard reads the
+    current state of other systems itself (through the workflow's adapters), fresh each time."""
+
+    decision: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A deterministic check between a model's proposal and a write: it passes, or raises
+    ``PolicyRefusal(rule, message, values)``. ``steps``: the steps it guards (a workflow's
+    guard; None: every step that acts on a decision)."""
+
+    rule: str
+    check: Callable[[GuardContext], None]
+    description: str = ""
+    steps: tuple[str, ...] | None = None
+
+
 def idempotency_key(workflow_id: str, step: str, key_version: int) -> str:
     """``hash(workflow_id:step:vN)``: the same for every attempt, process and operator click."""
     return hashlib.sha256(f"{workflow_id}:{step}:v{key_version}".encode()).hexdigest()
@@ -142,6 +171,7 @@ class StepSpec:
     local: bool = False  # its effect is written to this database, in the transaction of its outcome
     compensation_fn: Callable[[StepContext], Any] | None = None
     compensation: Compensation | None = None
+    guards: list[Guard] = field(default_factory=list)  # this step's own (Workflow.guards_for adds the workflow's)
     # The call's own timeout in seconds (a number, or a function of the settings); None: the
     # adapters' RECOVERY_HTTP_TIMEOUT.
     timeout: float | Callable[[], float | None] | None = None
@@ -157,6 +187,19 @@ class StepSpec:
         self.lookup_fn = fn
         return fn
 
+    def guard(self, rule: str, *, description: str = "") -> Callable[[Callable], Callable]:
+        """Declare a check that runs before each attempt's intent is checkpointed (after the
+        decision is accepted, before anything is sent): it returns, or raises
+        ``PolicyRefusal``, which writes nothing and sends the run to review."""
+        if self.is_decision:
+            raise ValueError(f"{self.name} is a model step: guard the steps that act on its decision")
+
+        def register(fn: Callable) -> Callable:
+            self.guards.append(Guard(rule, fn, description or _first_line(fn)))
+            return fn
+
+        return register
+
     def compensate(
         self, fn: Callable | None = None, *, description: str = "", who: str = "supervisor", restores: bool = False
     ) -> Callable:
@@ -165,11 +208,12 @@ class StepSpec:
         ``ctx.idempotency_key``; it must be idempotent under that key, because after a crash
         it is simply run again."""
 
+        if who not in ("operator", "supervisor"):
+            raise ValueError(f"{self.name}: who={who!r}: a compensation is triggered by an operator or a supervisor")
+
         def register(f: Callable) -> Callable:
             self.compensation_fn = f
-            self.compensation = Compensation(
-                description=description or (f.__doc__ or f.__name__).strip().splitlines()[0], who=who, restores=restores
-            )
+            self.compensation = Compensation(description=description or _first_line(f), who=who, restores=restores)
             return f
 
         return register(fn) if fn is not None else register
@@ -177,6 +221,11 @@ class StepSpec:
     @property
     def is_decision(self) -> bool:
         return self.decision_schema is not None
+
+    @property
+    def writes(self) -> bool:
+        """Whether the step has an effect a repeat could double (or a local write)."""
+        return self.outbox or self.local or self.rerun != Rerun.YES
 
     def call_timeout(self) -> float:
         """Seconds the step's call waits for an answer before its outcome is unknown."""
@@ -236,7 +285,8 @@ class StepSpec:
         }
 
 
-# The operator actions a workflow may put behind a second supervisor's approval.
+def _first_line(fn: Callable) -> str:
+    return (fn.__doc__ or fn.__name__).strip().splitlines()[0]
 
 
 class Workflow:
@@ -272,7 +322,38 @@ class Workflow:
             raise ValueError(f"four_eyes: {unknown} cannot need approval (one of {known})")
         self.four_eyes: frozenset[str] = frozenset(chosen)
         self.steps: list[StepSpec] = []
+        self.guards: list[Guard] = []
         register(self)
+
+    def guard(
+        self, rule: str, *, steps: Iterable[str] | None = None, description: str = ""
+    ) -> Callable[[Callable], Callable]:
+        """Declare a check for several steps: ``steps`` names them; by default every step that
+        acts on a model's decision (a step with an effect after a decision step). It runs
+        before each of them, as a step's own guards do (``StepSpec.guard``)."""
+
+        def register(fn: Callable) -> Callable:
+            chosen = tuple(steps) if steps is not None else None
+            self.guards.append(Guard(rule, fn, description or _first_line(fn), chosen))
+            return fn
+
+        return register
+
+    def acts_on_decision(self, spec: StepSpec) -> bool:
+        """Whether ``spec`` writes after a model step: what it sends may come from the model."""
+        return spec.writes and not spec.is_decision and any(s.is_decision for s in self.steps[: spec.position])
+
+    def guards_for(self, spec: StepSpec) -> list[Guard]:
+        """The checks that run before ``spec``'s intent is checkpointed, in order: the
+        workflow's that apply to it, then the step's own."""
+        shared = [
+            g for g in self.guards if (spec.name in g.steps if g.steps is not None else self.acts_on_decision(spec))
+        ]
+        return shared + list(spec.guards)
+
+    def decision_before(self, spec: StepSpec) -> StepSpec | None:
+        """The latest model step before ``spec`` (whose decision a guard sees)."""
+        return next((s for s in reversed(self.steps[: spec.position]) if s.is_decision), None)
 
     def step(
         self,
@@ -385,7 +466,9 @@ class Workflow:
         raise LookupError(f"workflow {self.name!r} has no step {name!r}")
 
     def contract(self) -> list[dict[str, Any]]:
-        return [spec.contract_row() for spec in self.steps]
+        return [
+            {**spec.contract_row(), "guards": ", ".join(g.rule for g in self.guards_for(spec))} for spec in self.steps
+        ]
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name} v{self.version}>"

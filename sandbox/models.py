@@ -155,6 +155,7 @@ class LedgerEntry(models.Model):
             "memo": self.memo,
             "kind": self.kind,
             "reverses": f"{self.PREFIX}_{self.reverses_id}" if self.reverses_id else None,
+            "reversed_by": reversal.public_id if (reversal := getattr(self, "reversal", None)) else None,
             "created_at": self.created_at.isoformat(),
         }
 

@@ -204,7 +204,7 @@ def post_entry(*, reference: str, amount: Decimal, currency: str, account: str, 
 
 
 def find_entries(*, reference: str | None) -> Reply:
-    entries = LedgerEntry.objects.using(DB).all()
+    entries = LedgerEntry.objects.using(DB).select_related("reversal")
     if reference is not None:
         entries = entries.filter(reference=reference)
     return results(entries)

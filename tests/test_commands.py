@@ -4,11 +4,10 @@ import json
 from io import StringIO
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 
 from recovery.models import AuditEvent, RunState, WorkflowRun
+from tests.support.engine import person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,13 +70,6 @@ def test_show_run_of_an_unknown_run_is_an_error():
         run_cmd("show_run", "order:x:y", "--json")
 
 
-def person(username: str, role: str | None = "supervisor"):
-    user = get_user_model().objects.create_user(username)
-    if role:
-        user.groups.add(Group.objects.get_or_create(name=role)[0])
-    return user
-
-
 def test_recover_refuses_a_finished_run_and_unknown_users():
     person("olga")
     wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
@@ -112,9 +104,19 @@ def test_recover_checks_the_role_as_the_console_does():
     person("nora", None)
     wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
     events = AuditEvent.objects.count()
-    for username, action in [("vera", "resume"), ("otto", "terminate"), ("nora", "resume"), ("otto", "compensate")]:
-        with pytest.raises(CommandError, match=f"{username}'s role may not {action} runs"):
-            run_cmd("recover", action, wid, "--reason", "x", "--as", username)
+    refusals = [
+        ("vera", "resume", "viewer", "resume", "operator"),
+        ("otto", "terminate", "operator", "terminate", "supervisor"),
+        ("nora", "resume", "none", "resume", "operator"),
+        ("otto", "supersede", "operator", "change the decision", "supervisor"),
+        ("otto", "decide_again", "operator", "ask the model again", "supervisor"),
+        ("otto", "override", "operator", "accept the refused proposal", "supervisor"),
+    ]
+    for username, action, role, label, needed in refusals:
+        with pytest.raises(
+            CommandError, match=rf"^{username} \({role}\) may not {label}: that needs the {needed} role$"
+        ):
+            run_cmd("recover", action, wid, "--step", "decide", "--decision", "{}", "--reason", "x", "--as", username)
     assert AuditEvent.objects.count() == events
     assert WorkflowRun.objects.get().state == RunState.PENDING
 
@@ -159,16 +161,6 @@ def test_an_event_whose_workflow_id_is_too_long_starts_nothing():
     assert not WorkflowRun.objects.exists() and not AuditEvent.objects.exists()
 
 
-def test_recover_offers_every_operator_action_of_the_table():
-    """One action table (recovery.actions): the shell has every action the console has."""
-    from recovery.actions import ACTIONS
-    from recovery.management.commands.recover import Command
-
-    parser = Command().create_parser("manage.py", "recover")
-    choices = next(a.choices for a in parser._actions if a.dest == "action")
-    assert set(choices) == set(ACTIONS) >= {"resolve_happened", "resolve_absent"}
-
-
 def test_recover_resolve_happened_settles_an_unknown_step_from_the_shell(clock):
     """A worker died inside create_task's call; terminating the run records the step unknown.
     The operator found the task in the tracker: `recover resolve_happened` records it, with
@@ -197,3 +189,108 @@ def test_recover_resolve_happened_settles_an_unknown_step_from_the_shell(clock):
     event = AuditEvent.objects.filter(step_name="create_task").latest("id")
     assert (event.actor, event.reason) == ("olga", "found it in the tracker")
     assert receivers.counts()["task"] == 1
+
+
+def test_recover_offers_every_action_the_run_page_accepts():
+    """One vocabulary (recovery/actions.py): whatever the console's run page posts, recover takes."""
+    from recovery.actions import ACTIONS, PERMISSION_OF
+    from recovery.management.commands.recover import Command
+
+    parser = Command().create_parser("manage.py", "recover")
+    choices = next(a.choices for a in parser._actions if a.dest == "action")
+    assert set(choices) == set(PERMISSION_OF) == {*ACTIONS, "approve", "reject"}
+    assert {"resolve_happened", "resolve_absent", "supersede", "decide_again", "override"} <= set(choices)
+
+
+def refused_run(clock) -> str:
+    """A test_policy run whose model named the wrong approver: stopped before any write."""
+    from tests.support import receivers
+
+    receivers.MODEL_SCRIPT.append(json.dumps({"category": "office", "amount": 120, "approver": "mallory"}))
+    wid = run_cmd("start_workflow", "test_policy", "--input", json.dumps(EVENT))
+    run_cmd("run_executor", "--until-idle")
+    assert WorkflowRun.objects.get(workflow_id=wid).state == RunState.NEEDS_REVIEW
+    return wid
+
+
+def test_recover_supersedes_a_decision_from_a_file_and_the_run_completes_with_it(clock, tmp_path):
+    from tests.support import receivers
+
+    person("sam")
+    wid = refused_run(clock)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"category": "office", "amount": -5, "approver": "alice"}')
+    events = AuditEvent.objects.count()
+    for args, message in [
+        (["--decision-file", str(bad)], "does not match Decision: amount"),
+        (["--decision", "{oops"], "the decision is not valid JSON"),
+        (["--decision-file", str(tmp_path / "missing.json")], "cannot read"),
+        ([], "give the new decision as a JSON object"),
+    ]:
+        with pytest.raises(CommandError, match=message):
+            run_cmd("recover", "supersede", wid, "--step", "decide", *args, "--reason", "x", "--as", "sam")
+    assert AuditEvent.objects.count() == events
+
+    good = tmp_path / "decision.json"
+    good.write_text('{"category": "office", "amount": 120, "approver": "alice"}')
+    out = run_cmd(
+        "recover",
+        "supersede",
+        wid,
+        "--step",
+        "decide",
+        "--decision-file",
+        str(good),
+        "--reason",
+        "policy",
+        "--as",
+        "sam",
+    )
+    assert out == f"supersede: {wid} is now pending"
+    event = AuditEvent.objects.get(action="decision_supersede")
+    assert (event.actor, event.after["decision"]["approver"]) == ("sam", "alice")
+    run_cmd("run_executor", "--until-idle")
+    assert WorkflowRun.objects.get().state == RunState.COMPLETED
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+
+
+def test_recover_overrides_a_refused_rule_or_asks_the_model_again(clock):
+    from tests.support import receivers
+
+    person("sam")
+    wid = refused_run(clock)
+    # Asked again, the model still names mallory: refused again, still nothing written.
+    receivers.MODEL_SCRIPT.append(json.dumps({"category": "office", "amount": 120, "approver": "mallory"}))
+    run_cmd("recover", "decide_again", wid, "--step", "decide", "--reason", "ask again", "--as", "sam")
+    run_cmd("run_executor", "--until-idle")
+    assert receivers.counts() == {"task": 0, "message": 0, "ledger": 0, "model_call": 2}
+    assert WorkflowRun.objects.get().status_reason.startswith("policy refused: approver_policy")
+
+    out = run_cmd("recover", "override", wid, "--step", "create_task", "--reason", "CFO agreed", "--as", "sam")
+    assert out == f"override: {wid} is now pending"
+    assert AuditEvent.objects.get(action="policy_override").after["override"]["rule"] == "approver_policy"
+    run_cmd("run_executor", "--until-idle")
+    assert WorkflowRun.objects.get().state == RunState.COMPLETED
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 2}
+
+
+def test_recover_approves_and_rejects_a_four_eyes_request_of_that_run(clock):
+    from tests.support import receivers
+
+    person("alice")
+    person("bob")
+    receivers.arm("task", "forbidden")
+    wid = run_cmd("start_workflow", "test_guarded", "--input", json.dumps(EVENT))
+    run_cmd("run_executor", "--until-idle")
+    made = run_cmd("approval", "request", "terminate", wid, "--reason", "duplicate", "--as", "alice")
+    request_id = made.split()[1].rstrip(":")
+    with pytest.raises(CommandError, match="approve needs --request"):
+        run_cmd("recover", "approve", wid, "--reason", "ok", "--as", "bob")
+    with pytest.raises(CommandError, match="no approval request '999' on this run"):
+        run_cmd("recover", "approve", wid, "--request", "999", "--reason", "ok", "--as", "bob")
+    with pytest.raises(CommandError, match="cannot approve your own request"):
+        run_cmd("recover", "approve", wid, "--request", request_id, "--reason", "ok", "--as", "alice")
+    assert WorkflowRun.objects.get().state == RunState.FAILED
+    out = run_cmd("recover", "approve", wid, "--request", request_id, "--reason", "checked", "--as", "bob")
+    assert out == f"approve: request {request_id} is approved; {wid} is now terminated"
+    assert AuditEvent.objects.filter(action="approval_grant", actor="bob").count() == 1

@@ -38,6 +38,8 @@ def run_document(workflow_id: str) -> dict[str, Any]:
                 "last_error": s.last_error,
                 "next_attempt_at": s.next_attempt_at.isoformat() if s.next_attempt_at else None,
                 "compensation_ref": s.compensation_ref,
+                "refusal": s.refusal,
+                "overrides": s.overrides,
             }
             for s in run.steps.order_by("position")
         ],
@@ -80,6 +82,11 @@ def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
             & runs_with(state=StepState.FAILED, last_error_kind__in=[ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED]),
         ),
         "compensation_failed": ("Compensation failed", Q(state=RunState.COMPENSATION_FAILED)),
+        "policy_refused": (
+            "Policy refused",
+            Q(state=RunState.NEEDS_REVIEW)
+            & runs_with(state=StepState.PENDING, last_error_kind=ErrorKind.POLICY_REFUSED),
+        ),
         "model_output": (
             "Paused for model output",
             Q(state=RunState.NEEDS_REVIEW)
@@ -285,6 +292,8 @@ TIMELINE_ACTIONS = {
     "reconciled_absent": "begin",
     "outbox_delivered": "ok",
     "step_fail": "fail",
+    "policy_refused": "fail",
+    "check_deferred": "fail",
     "outbox_retry": "fail",
     "outbox_fail": "fail",
     "step_unknown": "unknown",

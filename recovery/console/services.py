@@ -4,6 +4,7 @@ dashboard."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -13,12 +14,12 @@ from django.db.models import Count
 from django.db.models.functions import TruncHour
 
 from recovery import clock
-from recovery.actions import ACTIONS, BULK_ACTIONS, StepArg
+from recovery.actions import ACTIONS, BULK_ACTIONS, StepArg, parse_decision
 from recovery.console import selectors
 from recovery.engine import transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
 from recovery.models import FAILURE_ACTIONS, AuditEvent, RunState, StepExecution, StepState, WorkflowRun
-from recovery.permissions import can
+from recovery.permissions import can, role_named, role_of
 
 # The column's size: a longer evidence reference is refused with a message, not a database error.
 REMOTE_REF_MAX_LENGTH = StepExecution._meta.get_field("remote_ref").max_length
@@ -34,6 +35,7 @@ def apply_action(
     remote_ref: str,
     actor: AbstractBaseUser,
     request_id: str | None = None,
+    decision: str | None = None,
 ) -> str:
     """Apply one operator action; returns the message to show. On a workflow with four-eyes
     actions, compensate, terminate and "it succeeded" become a request for approval, and
@@ -44,8 +46,9 @@ def apply_action(
         raise InvalidTransition(f"a remote id has at most {REMOTE_REF_MAX_LENGTH} characters")
     if action in ("approve", "reject"):
         return _decide(action, request_id, workflow_id=workflow_id, actor=actor, reason=reason, expect=expect)
+    edited = parse_decision(decision) if ACTIONS.get(action) and ACTIONS[action].decision else None
     try:
-        run = transitions.perform(action, step_name=step, remote_ref=remote_ref, **common)
+        run = transitions.perform(action, step_name=step, remote_ref=remote_ref, decision=edited, **common)
     except ApprovalRequired:
         # The workflow puts it behind four eyes: the same form asks for it instead.
         transitions.approval_request(action=action, step_name=step, remote_ref=remote_ref, **common)
@@ -58,17 +61,13 @@ def apply_action(
 def _decide(
     action: str, request_id: str | None, *, workflow_id: str, actor: AbstractBaseUser, reason: str, expect: str | None
 ) -> str:
-    from recovery.models import ApprovalRequest
-
-    pk = request_id if isinstance(request_id, str) and request_id.isdigit() and len(request_id) < 19 else None
-    request = ApprovalRequest.objects.filter(pk=pk, run__workflow_id=workflow_id).first() if pk else None
-    if request is None:
-        raise InvalidTransition(f"no approval request {request_id!r} on this run")
+    request = transitions.approval_decide(
+        action, request_id=request_id, workflow_id=workflow_id, actor=actor, reason=reason, expect=expect
+    )
+    label = transitions.LABELS[request.action]
     if action == "reject":
-        transitions.approval_reject(request_id=request.pk, actor=actor, reason=reason)
-        return f"request to {transitions.LABELS[request.action]} turned down"
-    run = transitions.approval_grant(request_id=request.pk, actor=actor, reason=reason, expect=expect)
-    return f"{transitions.LABELS[request.action]} approved and recorded; the run is now {run.state}"
+        return f"request to {label} turned down"
+    return f"{label} approved and recorded; the run is now {request.run.state}"
 
 
 @dataclass(frozen=True)
@@ -100,27 +99,63 @@ def available_actions(detail: dict[str, Any], user: AbstractBaseUser, *, now: da
             actions.append(Action("resolve_absent", f"{step.step_name}: it did not happen", step.step_name))
         if step.state == StepState.FAILED and run.state not in transitions.TERMINAL_RUN_STATES and can(user, "retry"):
             actions.append(Action("retry", f"Retry {step.step_name}", step.step_name))
+        if step.refusal and run.state == RunState.NEEDS_REVIEW and can(user, "override"):
+            rule = step.refusal.get("rule", "")
+            actions.append(
+                Action(
+                    "override",
+                    f"{step.step_name}: accept the refused proposal ({rule})",
+                    step.step_name,
+                    confirm=f"Override {rule} for this run and let {step.step_name} act on the proposal as it is?",
+                )
+            )
     workflow = detail["workflow"]
     if workflow is not None and can(user, "compensate") and run.state in transitions.RUN_TRANSITIONS["compensate"][0]:
         compensable = [s for s in steps if workflow.get_step(s.step_name).compensation_fn is not None]
         undoable = [s for s in compensable if s.state in (StepState.SUCCEEDED, StepState.COMPENSATION_FAILED)]
+        role = role_of(user)
+
+        def may_undo(step: StepExecution) -> bool:  # the role its compensation names (who=…)
+            return role >= role_named(workflow.get_step(step.step_name).compensation.who)
+
         if undoable and not any(s.state == StepState.UNKNOWN for s in steps):
-            actions.append(
-                Action("compensate", "Compensate the whole run", confirm="Undo every completed effect of this run?")
-            )
-            latest = max(undoable, key=lambda s: s.position)
-            actions.append(
-                Action(
-                    "compensate",
-                    f"Compensate {latest.step_name}",
-                    latest.step_name,
-                    confirm=f"Undo {latest.step_name}: {workflow.get_step(latest.step_name).compensation.description}",
+            if all(may_undo(s) for s in undoable):
+                actions.append(
+                    Action("compensate", "Compensate the whole run", confirm="Undo every completed effect of this run?")
                 )
-            )
+            latest = max(undoable, key=lambda s: s.position)
+            if may_undo(latest):
+                actions.append(
+                    Action(
+                        "compensate",
+                        f"Compensate {latest.step_name}",
+                        latest.step_name,
+                        confirm=f"Undo {latest.step_name}: "
+                        f"{workflow.get_step(latest.step_name).compensation.description}",
+                    )
+                )
     if run.state in transitions.RUN_TRANSITIONS["terminate"][0] and can(user, "terminate"):
         actions.append(Action("terminate", "Terminate", confirm="Stop this run for good? Effects made stay made."))
     four_eyes = workflow.four_eyes if workflow is not None else frozenset()
     return [_as_request(a) if a.name in four_eyes else a for a in actions]
+
+
+def decision_tools(detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime) -> list[dict[str, Any]]:
+    """The accepted decisions this user may replace now (edited, or asked of the model again),
+    each with its JSON for the form. The transition checks all of it again."""
+    run: WorkflowRun = detail["run"]
+    live = bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
+    if not can(user, "supersede") or run.state in transitions.TERMINAL_RUN_STATES or live:
+        return []
+    steps = detail["steps"]
+    tools = []
+    for decision in detail["accepted"]:
+        step = next((s for s in steps if s.step_name == decision.step_name), None)
+        later = [s for s in steps if step is not None and s.position > step.position]
+        if step is None or any(s.state != StepState.PENDING or s.attempts for s in later):
+            continue
+        tools.append({"step": step.step_name, "json": json.dumps(decision.accepted, indent=2, sort_keys=True)})
+    return tools
 
 
 def _as_request(action: Action) -> Action:

@@ -18,7 +18,7 @@ from recovery import clock
 from recovery.actions import PERMISSION_OF
 from recovery.console import selectors, services
 from recovery.engine.transitions import run_version
-from recovery.errors import InvalidTransition, RunChanged
+from recovery.errors import InvalidTransition, NotPermitted, RunChanged
 from recovery.models import WorkflowRun
 from recovery.permissions import can, role_of
 
@@ -144,6 +144,7 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         raise Http404(f"no run {workflow_id}") from None
     detail.update(
         actions=services.available_actions(detail, request.user, now=clock.now()),
+        decision_tools=services.decision_tools(detail, request.user, now=clock.now()),
         approvals=services.pending_approvals(detail["run"], detail["workflow"], request.user),
         four_eyes=services.four_eyes_labels(detail["workflow"]),
         version=run_version(detail["run"]),
@@ -172,6 +173,7 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
             reason=request.POST.get("reason", ""),
             expect=request.POST.get("version") or None,
             remote_ref=request.POST.get("remote_ref", ""),
+            decision=request.POST.get("decision"),
             actor=request.user,
             request_id=request.POST.get("request") or None,
         )
@@ -179,6 +181,8 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
         return _flash(request, f"no run {workflow_id}", status=404)
     except RunChanged as exc:
         return _flash(request, str(exc), status=409)
+    except NotPermitted as exc:
+        return _flash(request, str(exc), status=403)
     except InvalidTransition as exc:
         return _flash(request, str(exc), status=400)
     if not request.htmx:

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from recovery import clock
-from recovery.engine import failpoints, transitions
+from recovery.engine import failpoints, guards, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke, validate_decision
 from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import DONE_STEP_STATES, Lease
@@ -311,6 +311,10 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             error=PermanentError(f"could not build the step's intent: {classify(exc)}"),
         )
         return
+    if step.state != StepState.UNKNOWN and not guards.check(
+        lease, plan.workflow, spec, step, replace(ctx, intent=intent), plan.steps
+    ):
+        return  # refused or deferred before anything was checkpointed or sent
     request_hash = payload_hash(intent)
     if step.request_hash and step.request_hash != request_hash:
         # Stripe's rule: the same key with a different payload is a conflict, never a replay.

@@ -3,6 +3,7 @@ does at 3 a.m., end to end. Screenshots are saved under var/screenshots/ for a h
 
 import csv
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,34 @@ def test_the_audit_export_downloads_and_parses(page_as, clock):
     assert rows and {r["workflow_id"] for r in rows} == {run.workflow_id}
     assert rows[0]["action"] == "start"
     assert len(rows) == AuditEvent.objects.filter(run=run).count()
+
+
+def test_supervisor_changes_a_refused_decision_in_the_json_form_and_the_run_completes_once(page_as, clock):
+    """A guard refused the model's approver; the supervisor edits the prefilled decision, the
+    run goes on and makes one task, one message and one entry, for the corrected approver."""
+    receivers.MODEL_SCRIPT.append(json.dumps({"category": "office", "amount": 120, "approver": "mallory"}))
+    run = drive(run_start(workflow="test_policy", data={"tenant": "t", "order_id": "refused-1"})[0], clock)
+    assert run.state == RunState.NEEDS_REVIEW and receivers.counts()["task"] == 0
+    page = page_as("supervisor")
+    page.get_by_role("link", name="Policy refused").click()
+    page.wait_for_url("**/?stuck=policy_refused")
+    page.get_by_role("link", name=run.workflow_id).click()
+    refusal = page.locator("[data-refusal=create_task]")
+    assert "approver_policy" in refusal.inner_text() and "mallory" in refusal.inner_text()
+
+    editor = page.locator("textarea[name=decision]")
+    decision = json.loads(editor.input_value())
+    assert decision == {"category": "office", "amount": 120, "approver": "mallory"}  # prefilled
+    editor.fill(json.dumps({**decision, "approver": "alice"}))
+    form = page.locator("form.decision-edit")
+    form.locator("input[name=reason]").fill("alice approves office orders under 1000")
+    shot(page, "run-decision-edit")
+    form.locator("button").click()
+    page.wait_for_selector("text=supersede (decide) recorded")
+    first_row = page.locator("table.history tbody tr").first
+    assert "decision_supersede" in first_row.inner_text() and "supervisor" in first_row.inner_text()
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+    assert run.steps.get(step_name="create_task").intent["approver"] == "alice"

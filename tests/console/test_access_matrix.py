@@ -88,29 +88,44 @@ class Row:
     login_page: str = "/login/"  # where an anonymous caller is sent
 
 
-def action_row(action: str, *, needs: str = "") -> Row:
-    """A POST of ``action`` on a run in which it is valid (so the permitted POST changes it)."""
+STEP_OF_ACTION = {
+    "retry": "create_task",
+    "reconcile": "notify",
+    "resolve_happened": "notify",
+    "resolve_absent": "notify",
+    "override": "create_task",
+    "supersede": "decide",
+    "decide_again": "decide",
+}
+CORRECTED = json.dumps({"category": "office", "amount": 120, "approver": "alice"})
+
+
+def action_row(action: str, *, needs: str = "", step: str | None = None, role: Role | None = None) -> Row:
+    """A POST of ``action`` on a run in which it is valid (so the permitted POST changes it),
+    by the lowest role that may (``role``: where the run asks more than the action's own)."""
     permission = PERMISSION_OF[action]
     run = {
         "": lambda w: w.failed,
         "unknown": lambda w: w.unknown,
         "late_failure": lambda w: w.late,
         "approval": lambda w: w.guarded,
+        "refused": lambda w: w.refused,
     }[needs]
-    step = {"retry": "create_task", "reconcile": "notify", "resolve_happened": "notify", "resolve_absent": "notify"}
+    step = STEP_OF_ACTION.get(action, "") if step is None else step
     return Row(
         "console:run-action",
-        f"act:{action}",
-        Console(ROLE_OF_ACTION[permission]),
+        f"act:{action}{':' + step if step and action == 'compensate' else ''}",
+        Console(role or ROLE_OF_ACTION[permission]),
         {"POST": 200},
         url=lambda w: f"/runs/{run(w).workflow_id}/act",
         body=lambda w: {
             "action": action,
-            "step": step.get(action, ""),
+            "step": step,
             "reason": "matrix",
             "version": run_version(run(w)),
             "remote_ref": w.remote_message if action == "resolve_happened" else "",
             "request": w.request_id if needs == "approval" else "",
+            "decision": CORRECTED if action == "supersede" else "",
         },
         headers=lambda w: {"HX-Request": "true", "HX-Target": "run-body"},
         changes=True,
@@ -149,7 +164,12 @@ MATRIX: list[Row] = [
     action_row("resume"),
     action_row("retry"),
     action_row("terminate"),
-    action_row("compensate", needs="late_failure"),
+    # The whole run: its task's compensation names a supervisor; its message's alone, an operator.
+    action_row("compensate", needs="late_failure", role=Role.SUPERVISOR),
+    action_row("compensate", needs="late_failure", step="notify"),
+    action_row("override", needs="refused"),
+    action_row("supersede", needs="refused"),
+    action_row("decide_again", needs="refused"),
     action_row("reconcile", needs="unknown"),
     action_row("resolve_happened", needs="unknown"),
     action_row("resolve_absent", needs="unknown"),
@@ -359,6 +379,9 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
     if needs == "late_failure":  # the task and the message exist, the ledger refused: compensable
         receivers.arm("ledger", "forbidden")
         w.late = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "late"})[0], clock)
+    if needs == "refused":  # a guard refused the model's approver before anything was written
+        receivers.MODEL_SCRIPT.append(json.dumps({"category": "office", "amount": 120, "approver": "mallory"}))
+        w.refused = drive(run_start(workflow="test_policy", data={"tenant": "t", "order_id": "refused"})[0], clock)
     if needs == "approval":  # a four-eyes run, and another supervisor's request to terminate it
         receivers.arm("task", "forbidden")
         w.guarded = drive(run_start(workflow="test_guarded", data={"tenant": "t", "order_id": "4eyes"})[0], clock)
@@ -533,5 +556,5 @@ def test_every_url_is_in_the_matrix():
 
 def test_every_console_action_is_in_the_matrix():
     """Each action value the run page accepts (PERMISSION_OF) has its own line."""
-    rows = {row.label.removeprefix("act:") for row in MATRIX if row.route == "console:run-action"}
+    rows = {row.label.split(":")[1] for row in MATRIX if row.route == "console:run-action"}
     assert rows == set(PERMISSION_OF)

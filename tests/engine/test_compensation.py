@@ -2,16 +2,15 @@
 
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
 
 from recovery.engine import failpoints, transitions
 from recovery.engine.executor import advance
 from recovery.engine.transitions import run_start
-from recovery.errors import InvalidTransition
+from recovery.errors import InvalidTransition, NotPermitted
 from recovery.models import AuditEvent, RunState, StepState
 from recovery.workflow import CompensationPolicy
 from tests.support import receivers, workflows
-from tests.support.engine import assert_invariants, drive
+from tests.support.engine import assert_invariants, drive, person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,7 +24,7 @@ def automatic(monkeypatch):
 
 @pytest.fixture
 def supervisor():
-    return get_user_model().objects.create_user("sam")
+    return person("sam")
 
 
 def start():
@@ -171,3 +170,33 @@ def test_rolled_back_only_when_every_compensation_truly_restored_the_previous_st
     receivers.arm("ledger", "forbidden")
     other = drive(run_start(workflow="test_orders", data={**EVENT, "order_id": "o-78"})[0], clock)
     assert other.state == RunState.COMPENSATED and other.status_reason == "rolled back"
+
+
+def test_each_compensation_needs_the_role_its_contract_names(clock):
+    """``@step.compensate(who=…)`` is enforced, not only shown: an operator may send the
+    correction of a message (who="operator") but not cancel the task (who="supervisor"), from
+    every surface (the transition checks it; the console and the command go through it)."""
+    receivers.arm("ledger", "forbidden")  # the task and the message exist; the run stops failed
+    run = drive(start(), clock)
+    assert run.state == RunState.FAILED
+    olga, viewer = person("olga", "operator"), person("vera", "viewer")
+    events = AuditEvent.objects.filter(run=run).count()
+
+    with pytest.raises(NotPermitted, match=r"^olga \(operator\) may not compensate create_task \(supervisor\): "):
+        transitions.perform("compensate", workflow_id=run.workflow_id, actor=olga, reason="undo all")
+    with pytest.raises(NotPermitted, match=r"^vera \(viewer\) may not compensate: that needs the operator role$"):
+        transitions.perform("compensate", workflow_id=run.workflow_id, step_name="notify", actor=viewer, reason="x")
+    assert AuditEvent.objects.filter(run=run).count() == events
+    assert states(run)["notify"] == StepState.SUCCEEDED
+
+    transitions.perform("compensate", workflow_id=run.workflow_id, step_name="notify", actor=olga, reason="wrong")
+    run = drive(run, clock)
+    assert states(run)["notify"] == StepState.COMPENSATED
+    assert receivers.compensations() == {"task_cancel": 0, "correction": 1, "reversal": 0}
+    with pytest.raises(NotPermitted, match=r"create_task \(supervisor\)"):
+        transitions.perform("compensate", workflow_id=run.workflow_id, step_name="create_task", actor=olga, reason="x")
+    transitions.perform(
+        "compensate", workflow_id=run.workflow_id, step_name="create_task", actor=person("sam"), reason="x"
+    )
+    run = drive(run, clock)
+    assert receivers.compensations() == {"task_cancel": 1, "correction": 1, "reversal": 0}

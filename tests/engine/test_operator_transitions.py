@@ -2,7 +2,6 @@
 executor uses; finished runs do not move without one."""
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from recovery.engine import transitions
 from recovery.engine.executor import advance
@@ -10,7 +9,7 @@ from recovery.engine.transitions import run_start
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState
 from tests.support import receivers
-from tests.support.engine import assert_invariants, crash_at, drive
+from tests.support.engine import assert_invariants, crash_at, drive, person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,7 +18,7 @@ EVENT = {"tenant": "t1", "order_id": "o-9", "text": "office desk 300"}
 
 @pytest.fixture
 def operator():
-    return get_user_model().objects.create_user("olga", password="x")
+    return person("olga")
 
 
 def start():

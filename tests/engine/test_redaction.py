@@ -17,7 +17,6 @@ from io import StringIO
 
 import httpx
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connections
 from django.test import Client
@@ -42,7 +41,7 @@ from recovery.redaction import MARKER, RedactingFilter, redact, redact_text
 from recovery.workflow import get_workflow, payload_hash
 from sandbox import faults
 from tests.support import receivers
-from tests.support.engine import crash_at, drive
+from tests.support.engine import crash_at, drive, person
 from tests.support.model_server import VALID_DECISION, Reply, completion
 from workflows.invoice import adapters
 
@@ -290,7 +289,7 @@ def test_planted_secrets_reach_no_checkpoint_audit_event_export_or_log_line(cloc
         "bearer": bearer,
         "iban": iban,
     }
-    sam = get_user_model().objects.create_user("sam")
+    sam = person("sam")
     console = next(h for h in logging.getLogger("recovery").handlers if isinstance(h, logging.StreamHandler))
     console_out = io.StringIO()
     previous_stream = console.setStream(console_out)

@@ -206,7 +206,10 @@ def test_reversing_negates_the_amount_once_and_never_deletes(api):
     assert again.status_code == 409
     assert again.json() == {"error": "already reversed", "existing_id": reversal["id"]}
 
-    assert api.get("/sandbox/ledger/entries/", {"reference": ENTRY["reference"]}).json() == {"results": [entry]}
+    assert entry["reversed_by"] is None
+    # The entry itself is unchanged; it now says which entry reversed it.
+    listed = api.get("/sandbox/ledger/entries/", {"reference": ENTRY["reference"]}).json()
+    assert listed == {"results": [{**entry, "reversed_by": reversal["id"]}]}
     counts = faults.counts()
     assert (counts["ledger_entries"], counts["ledger_reversals"]) == (1, 1)
 

@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, database
 MIX = {
     RunState.COMPLETED: 5,
     RunState.WAITING: 1,
-    RunState.NEEDS_REVIEW: 3,
+    RunState.NEEDS_REVIEW: 4,
     RunState.FAILED: 1,
     RunState.COMPENSATED: 1,
     RunState.COMPENSATION_FAILED: 1,
@@ -119,6 +119,9 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     assert step("invoice:globex:GX-2024-118", "create_approval_task").last_error_kind == "permanent"
     invalid = ModelDecision.objects.filter(run__workflow_id="invoice:initech:IN-5532", state=DecisionState.INVALID)
     assert invalid.count() == 3 and all("bribes" in d.invalid_output for d in invalid)
+    refused = run("invoice:globex:GX-2024-119")
+    assert refused.status_reason.startswith("policy refused: approval_policy: it-lead@example.com is not the approver")
+    assert not Task.objects.filter(payload__invoice_id="GX-2024-119").exists()
     waiting = run("invoice:wayne:WE-3302")
     assert waiting.next_wake_at > timezone.now() + timedelta(minutes=9)
     assert step("invoice:wayne:WE-3302", "post_ledger_entry").last_error_kind == "rate_limited"

@@ -16,6 +16,17 @@ from recovery.models import WorkflowRun
 from recovery.testing import MovableClock
 
 
+def person(username: str, role: str | None = "supervisor"):
+    """A user with a console role (a group of that name), or none."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    user = get_user_model().objects.create_user(username, password="pw")
+    if role:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+    return user
+
+
 def crash_at(monkeypatch, failpoint: str, call: Callable[[], Any]) -> None:
     """Run ``call`` with ``failpoint`` (``STEP:POINT``) armed to raise, and expect it to stop
     there as a crash would: the run keeps whatever was committed before that point."""

@@ -133,6 +133,12 @@ def post_entry(*, reference: str, payload: dict) -> Outcome:
     return Outcome(remote_ref=f"entry-{obj.pk}", result={"entry_id": obj.pk})
 
 
+def look_up_entry(*, reference: str) -> Outcome | None:
+    """A guard's fresh read of the ledger: fails as armed for "ledger_read"."""
+    _before("ledger_read")
+    return find_entry(reference=reference)
+
+
 def find_entry(*, reference: str) -> Outcome | None:
     obj = RemoteObject.objects.filter(kind="ledger", dedupe_key=reference).first()
     return Outcome(remote_ref=f"entry-{obj.pk}", result={"entry_id": obj.pk}) if obj else None

@@ -10,7 +10,7 @@ from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.retries import RetryPolicy
-from recovery.workflow import Outcome, Reconcile, Rerun, Workflow
+from recovery.workflow import Outcome, PolicyRefusal, Reconcile, Rerun, Workflow
 
 from . import receivers
 from .models import RemoteObject
@@ -277,3 +277,36 @@ guarded = Workflow(
     four_eyes=True,
 )
 guarded.steps = list(orders.steps)
+
+
+# --- guards: test_orders' steps, with the decision checked before anything is written -------
+
+policy = Workflow(
+    "test_policy",
+    version=1,
+    input_schema=Event,
+    workflow_id=lambda i: f"policy:{i['tenant']}:{i['order_id']}",
+    description="engine test workflow with guards",
+)
+policy.steps = list(orders.steps)
+BOSS_ABOVE = 1000  # amounts above this are approved by "boss", the others by "alice"
+
+
+@policy.guard("approver_policy")
+def _(ctx):
+    """The approver is the one the policy assigns for the amount."""
+    expected = "boss" if ctx.decision["amount"] > BOSS_ABOVE else "alice"
+    if ctx.decision["approver"] != expected:
+        raise PolicyRefusal(
+            "approver_policy",
+            f"{ctx.decision['approver']} may not approve {ctx.decision['amount']}",
+            {"proposed": ctx.decision["approver"], "policy": expected, "amount": ctx.decision["amount"]},
+        )
+
+
+@policy.guard("not_yet_booked", steps=["create_task"])
+def _(ctx):
+    """The order is not booked in the ledger already (a fresh read, which can fail)."""
+    found = receivers.look_up_entry(reference=ctx.workflow_id)
+    if found is not None:
+        raise PolicyRefusal("not_yet_booked", f"already booked as {found.remote_ref}", {"entry": found.remote_ref})

@@ -7,7 +7,6 @@ import threading
 
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import connections
 
 from recovery.engine import failpoints, transitions
@@ -28,7 +27,7 @@ from recovery.models import (
 )
 from recovery.workflow import CompensationPolicy
 from sandbox import faults
-from tests.support.engine import crash_at, drive, lease_expired_running_steps
+from tests.support.engine import crash_at, drive, lease_expired_running_steps, person
 from workflows.invoice import workflow as invoice_module
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
@@ -237,7 +236,7 @@ def test_7_a_failed_compensation_leaves_the_run_visible_not_rolled_back(clock, a
     }
     assert not AuditEvent.objects.filter(run=run, action="compensation_done").exists()
 
-    supervisor = get_user_model().objects.create_user("sam")
+    supervisor = person("sam")
     transitions.run_compensate(workflow_id=run.workflow_id, actor=supervisor, reason="tracker permission fixed")
     run = drive(run, clock)
     assert run.state == RunState.COMPENSATED
@@ -247,7 +246,7 @@ def test_7_a_failed_compensation_leaves_the_run_visible_not_rolled_back(clock, a
 
 def test_a_completed_run_is_compensated_on_request_with_a_reversing_entry(clock):
     run = drive(start(), clock)
-    supervisor = get_user_model().objects.create_user("sam")
+    supervisor = person("sam")
     transitions.run_compensate(workflow_id=run.workflow_id, actor=supervisor, reason="duplicate invoice")
     run = drive(run, clock)
     assert run.state == RunState.COMPENSATED
@@ -351,7 +350,7 @@ def test_outbox_publisher_killed_after_sending_never_sends_twice(clock, monkeypa
 def test_compensating_a_message_not_yet_delivered_cancels_it_instead_of_correcting(clock):
     run = start()
     advance(run.pk)  # task created, message enqueued, ledger posted; nothing published yet
-    supervisor = get_user_model().objects.create_user("sam")
+    supervisor = person("sam")
     run.refresh_from_db()
     assert run.state == RunState.WAITING  # waiting for its outbox
     transitions.run_compensate(workflow_id=run.workflow_id, actor=supervisor, reason="duplicate invoice")
@@ -416,7 +415,7 @@ def test_resume_after_a_refused_message_delivers_it_once_and_completes(clock):
     faults.set_fault("messages", "send", "forbidden")
     run = drive(start(), clock)
     assert run.state == RunState.NEEDS_REVIEW
-    operator = get_user_model().objects.create_user("olga")
+    operator = person("olga")
     transitions.run_resume(workflow_id=run.workflow_id, actor=operator, reason="messenger token rotated")
     run = drive(run, clock)
     assert run.state == RunState.COMPLETED

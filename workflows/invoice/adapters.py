@@ -233,16 +233,27 @@ def _same_amount(a: Any, b: Any) -> bool:
         return False
 
 
-def find_entry(*, reference: str, client: SandboxClient | None = None) -> Outcome | None:
+def _entry(reference: str, client: SandboxClient | None, what: str) -> dict | None:
     response = (client or SandboxClient()).request(
-        "GET",
-        "/sandbox/ledger/entries/",
-        what="look up ledger entry",
-        changes_state=False,
-        params={"reference": reference},
+        "GET", "/sandbox/ledger/entries/", what=what, changes_state=False, params={"reference": reference}
     )
-    entry = _first(response)
+    return _first(response)
+
+
+def find_entry(*, reference: str, client: SandboxClient | None = None) -> Outcome | None:
+    entry = _entry(reference, client, "look up ledger entry")
     return _entry_outcome(entry) if entry else None
+
+
+def ledger_state(*, reference: str, client: SandboxClient | None = None) -> str:
+    """What the ledger holds for ``reference`` now: "" (nothing), or a sentence: posted as
+    which entry, or cancelled (that entry reversed). A fresh read each time."""
+    entry = _entry(reference, client, "read ledger state")
+    if not entry:
+        return ""
+    if entry.get("reversed_by"):
+        return f"cancelled: {entry['id']} was reversed by {entry['reversed_by']}"
+    return f"already posted as {entry['id']}"
 
 
 def reverse_entry(*, entry_id: str, reference: str, memo: str, client: SandboxClient | None = None) -> Outcome:

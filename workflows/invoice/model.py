@@ -29,7 +29,7 @@ import ssl
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -46,27 +46,19 @@ from recovery.errors import (
 )
 from recovery.redaction import redact_text
 
+from .policy import APPROVAL_POLICY, DEFAULT_CURRENCY, approver_for, find_amount, first_currency
+
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
-CATEGORIES: tuple[str, ...] = ("office_supplies", "software", "hardware", "travel", "services", "other")
+CATEGORIES: tuple[str, ...] = APPROVAL_POLICY.categories  # the Literal below spells them out for the schema
 
 Category = Literal["office_supplies", "software", "hardware", "travel", "services", "other"]
-
-#: Amounts above this go to the CFO, whatever the category.
-CFO_THRESHOLD = Decimal("10000")
-CFO_APPROVER = "cfo@example.com"
-CATEGORY_APPROVERS: dict[str, str] = {
-    "hardware": "it-lead@example.com",
-    "travel": "travel-desk@example.com",
-}
-DEFAULT_APPROVER = "finance@example.com"
 
 #: The request schema's amount: a non-negative decimal string, at most 10 integer digits and
 #: 2 decimal places (so at most 12 digits in all), e.g. "1840.00".
 AMOUNT_PATTERN = r"^(0|[1-9][0-9]{0,9})(\.[0-9]{1,2})?$"
-MAX_AMOUNT = Decimal("9999999999.99")
 
 #: Raw provider bodies kept on an InvalidModelOutput are cut to this many characters.
 RAW_OUTPUT_LIMIT = 20_000
@@ -139,14 +131,6 @@ def decision_json_schema() -> dict[str, Any]:
     return copy.deepcopy(_DECISION_JSON_SCHEMA)
 
 
-def approver_for(*, category: str, amount: Decimal) -> str:
-    """The approval policy, shared by the rules and the model's prompt: amounts above
-    ``CFO_THRESHOLD`` go to the CFO, otherwise the category's approver or finance."""
-    if amount > CFO_THRESHOLD:
-        return CFO_APPROVER
-    return CATEGORY_APPROVERS.get(category, DEFAULT_APPROVER)
-
-
 @runtime_checkable
 class ModelProvider(Protocol):
     """Proposes a decision for one invoice: returns the model's raw output (JSON text), or
@@ -173,86 +157,6 @@ _KEYWORD_RE = {
     for category, keywords in CATEGORY_KEYWORDS
 }
 
-CURRENCY_CODES = frozenset({"EUR", "USD", "GBP", "JPY", "CHF", "CAD", "AUD", "SEK", "NOK", "DKK", "PLN", "CZK"})
-CURRENCY_SYMBOLS = {"€": "EUR", "$": "USD", "£": "GBP", "¥": "JPY"}
-DEFAULT_CURRENCY = "EUR"
-
-# Dates look like amounts ("05.03.2024" → 5.03); they are blanked out before amounts are read.
-_DATE_RE = re.compile(r"(?<![0-9])[0-9]{1,4}[./-][0-9]{1,2}[./-][0-9]{1,4}(?![0-9])")
-# A number: grouped thousands ("1,840.00", "1.840,00", "12'500") or plain ("1840", "3,50").
-_NUMBER_RE = re.compile(
-    r"(?<![0-9A-Za-z.,])(?:[0-9]{1,3}(?:[,.'\u00a0\u202f][0-9]{3})+(?:[.,][0-9]{1,2})?|[0-9]+(?:[.,][0-9]{1,2})?)(?![0-9])"
-)
-_CODE_OR_SYMBOL = r"(?:\b([A-Za-z]{3})\b|([€$£¥]))"
-_MARKER_BEFORE_RE = re.compile(_CODE_OR_SYMBOL + r"[ \u00a0]?$")
-_MARKER_AFTER_RE = re.compile(r"^[ \u00a0]?" + _CODE_OR_SYMBOL)
-_ANY_MARKER_RE = re.compile(_CODE_OR_SYMBOL)
-_TOTAL_RE = re.compile(r"\b(?:total|amount|sum|due|betrag|montant)\b[^0-9\n]{0,20}$", re.IGNORECASE)
-
-
-def _currency_of(match: re.Match[str] | None) -> str | None:
-    if match is None:
-        return None
-    code, symbol = match.group(1), match.group(2)
-    if symbol:
-        return CURRENCY_SYMBOLS[symbol]
-    return code.upper() if code and code.upper() in CURRENCY_CODES else None
-
-
-def _parse_number(token: str) -> Decimal:
-    """``"1,840.00"``, ``"1.840,00"``, ``"1840"``, ``"3,50"`` → a Decimal with 2 places. The last
-    separator is the decimal point when 1 or 2 digits follow it; every other one groups."""
-    s = re.sub(r"['\u00a0\u202f]", "", token)
-    last = max(s.rfind("."), s.rfind(","))
-    if last >= 0 and len(s) - last - 1 in (1, 2):
-        whole, fraction = s[:last], s[last + 1 :]
-    else:
-        whole, fraction = s, "0"
-    whole = re.sub(r"[.,]", "", whole) or "0"
-    return Decimal(f"{whole}.{fraction}").quantize(Decimal("0.01"))
-
-
-def _find_amount(text: str) -> tuple[Decimal, str | None] | None:
-    """The first money-looking number and the currency written next to it, if any.
-
-    Money-looking, in order of preference: a number next to a currency code or symbol; a
-    number after "total"/"amount"/"due"; a number with decimals or grouped thousands. Plain
-    integers (quantities, years, invoice numbers) are not amounts on their own."""
-    scrubbed = _DATE_RE.sub(lambda m: " " * len(m.group(0)), text)
-    candidates: list[tuple[int, int, Decimal, str | None]] = []
-    for match in _NUMBER_RE.finditer(scrubbed):
-        try:
-            value = _parse_number(match.group(0))
-        except InvalidOperation:  # pragma: no cover - the pattern admits only digits and separators
-            continue
-        if value > MAX_AMOUNT:
-            continue
-        start, end = match.span()
-        currency = _currency_of(_MARKER_BEFORE_RE.search(scrubbed, max(0, start - 5), start)) or _currency_of(
-            _MARKER_AFTER_RE.match(scrubbed[end : end + 5])
-        )
-        if currency:
-            rank = 0
-        elif _TOTAL_RE.search(scrubbed, max(0, start - 40), start):
-            rank = 1
-        elif not match.group(0).isdigit():
-            rank = 2
-        else:
-            continue
-        candidates.append((rank, start, value, currency))
-    if not candidates:
-        return None
-    _, _, value, currency = min(candidates, key=lambda c: (c[0], c[1]))
-    return value, currency
-
-
-def _first_currency(text: str) -> str | None:
-    for match in _ANY_MARKER_RE.finditer(text):
-        currency = _currency_of(match)
-        if currency:
-            return currency
-    return None
-
 
 def _categorise(text: str) -> tuple[str, str | None, int]:
     """(category, the first matched keyword of it, how many distinct keywords of it matched).
@@ -270,9 +174,9 @@ def rules_decision(text: str) -> dict[str, Any]:
 
     Invariant: a pure function of ``text`` whose result always validates as InvoiceDecision."""
     category, keyword, hits = _categorise(text)
-    found = _find_amount(text)
+    found = find_amount(text)
     amount, currency = found if found else (Decimal("0.00"), None)
-    explicit_currency = currency or _first_currency(text)
+    explicit_currency = currency or first_currency(text)
     currency = explicit_currency or DEFAULT_CURRENCY
 
     confidence = 0.5
@@ -350,9 +254,7 @@ software = licences, subscriptions, SaaS; travel = flights, hotels, trains, taxi
 consulting, cleaning, legal; office_supplies = paper, pens, chairs, desks, toner; otherwise other.
 - amount: the invoice total as a decimal string with a dot and no grouping, e.g. "1840.00".
 - currency: the ISO 4217 code of the total, e.g. EUR, USD, GBP (default EUR if none is shown).
-- approver: {CFO_APPROVER} if the amount is above {CFO_THRESHOLD}; otherwise \
-{CATEGORY_APPROVERS["hardware"]} for hardware, {CATEGORY_APPROVERS["travel"]} for travel, \
-and {DEFAULT_APPROVER} for everything else.
+- approver: {APPROVAL_POLICY.as_text()}.
 - confidence: from 0 to 1.
 - rationale: one sentence naming the evidence for the category and the amount.
 

@@ -1,5 +1,7 @@
 """The seed's invoice workflow: read → classify → create approval task → notify approver →
-post ledger entry, with its recovery contract (the contract table)."""
+post ledger entry, with its recovery contract (the contract table) and its guards: the model
+proposes, and before anything is written the proposal must match what the invoice itself says
+(amount, currency), the approval policy (approver, category), and the ledger's current state."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from recovery.errors import PolicyRefusal
 from recovery.retries import RetryPolicy
 from recovery.workflow import CompensationPolicy, Reconcile, Rerun, Workflow
 
 from . import adapters
 from .model import SCHEMA_VERSION, InvoiceDecision, call_timeout, get_provider
+from .policy import APPROVAL_POLICY, invoice_total
 
 
 class InvoiceEvent(BaseModel):
@@ -60,6 +64,40 @@ def _(ctx):
     return {"invoice_id": ctx.input["invoice_id"], "text": ctx.result("read_invoice")["text"]}
 
 
+# --- guards: checked before every write that acts on the decision -------------------------
+
+
+@invoice.guard("amount_matches_invoice")
+def _(ctx):
+    """The amount and currency are the ones the invoice text states (parsed, not asked)."""
+    stated = invoice_total(ctx.result("read_invoice")["text"])
+    proposed = {"amount": ctx.decision["amount"], "currency": ctx.decision["currency"]}
+    if stated is None:
+        raise PolicyRefusal("amount_matches_invoice", "no amount can be read from the invoice text", proposed)
+    if Decimal(str(ctx.decision["amount"])) != stated.amount or ctx.decision["currency"] != stated.currency:
+        raise PolicyRefusal(
+            "amount_matches_invoice",
+            f"the invoice states {stated.amount} {stated.currency}, the decision says "
+            f"{ctx.decision['amount']} {ctx.decision['currency']}",
+            {**proposed, "invoice_amount": str(stated.amount), "invoice_currency": stated.currency},
+        )
+
+
+@invoice.guard("approval_policy")
+def _(ctx):
+    """The category is one the policy knows and the approver the one it assigns."""
+    category, approver = ctx.decision["category"], ctx.decision["approver"]
+    if category not in APPROVAL_POLICY.categories:
+        raise PolicyRefusal("approval_policy", f"unknown category {category!r}", {"category": category})
+    assigned = APPROVAL_POLICY.approver_for(category=category, amount=Decimal(str(ctx.decision["amount"])))
+    if approver != assigned:
+        raise PolicyRefusal(
+            "approval_policy",
+            f"{approver} is not the approver for {category} at {ctx.decision['amount']}: the policy assigns {assigned}",
+            {"proposed_approver": approver, "policy_approver": assigned, "category": category},
+        )
+
+
 @invoice.step(
     effect="a new approval task in the task tracker",
     rerun=Rerun.NO,
@@ -90,6 +128,16 @@ def _(ctx):
 @create_approval_task.lookup
 def _(ctx):
     return adapters.find_task(key=ctx.idempotency_key)
+
+
+@create_approval_task.guard("invoice_open_in_ledger")
+def _(ctx):
+    """The invoice is neither posted nor cancelled in the ledger yet (read fresh)."""
+    state = adapters.ledger_state(reference=ctx.workflow_id)
+    if state:
+        raise PolicyRefusal(
+            "invoice_open_in_ledger", f"invoice {ctx.input['invoice_id']} is {state}", {"ledger": state}
+        )
 
 
 @create_approval_task.compensate(who="supervisor")

@@ -23,7 +23,7 @@ from ._core import (
     require_reason,
     run_version,
 )
-from .approvals import approval_grant, approval_reject, approval_request
+from .approvals import approval_decide, approval_grant, approval_reject, approval_request
 from .compensation import (
     compensation_begin,
     compensation_fail,
@@ -39,6 +39,7 @@ from .operator import (
     needs_approval,
     run_resume,
     run_terminate,
+    step_override,
     step_reconcile,
     step_resolve,
     step_retry,
@@ -59,9 +60,11 @@ from .runs import run_complete, run_release, run_review, run_start, run_wait
 from .steps import (
     step_await_settle,
     step_begin,
+    step_defer_check,
     step_defer_reconcile,
     step_fail,
     step_mark_unknown,
+    step_refuse,
     step_reset,
     step_succeed,
 )
@@ -86,6 +89,7 @@ __all__ = [
     "RUN_TRANSITIONS",
     "STEP_TRANSITIONS",
     "TERMINAL_RUN_STATES",
+    "approval_decide",
     "approval_grant",
     "approval_reject",
     "approval_request",
@@ -94,6 +98,7 @@ __all__ = [
     "compensation_fail",
     "compensation_succeed",
     "decision_supersede",
+    "step_override",
     "default_owner",
     "in_flight_text",
     "lease_duration",
@@ -124,11 +129,13 @@ __all__ = [
     "runs_dispatch",
     "step_await_settle",
     "step_begin",
+    "step_defer_check",
     "step_defer_reconcile",
     "step_enqueue",
     "step_fail",
     "step_mark_unknown",
     "step_reconcile",
+    "step_refuse",
     "step_reset",
     "step_resolve",
     "step_retry",

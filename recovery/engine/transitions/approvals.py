@@ -166,6 +166,32 @@ def approval_reject(
         return request
 
 
+def approval_decide(
+    decision: str,
+    *,
+    request_id: int | str | None,
+    workflow_id: str,
+    actor: AbstractBaseUser,
+    reason: str = "",
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> ApprovalRequest:
+    """``approve`` or ``reject`` request ``request_id`` of run ``workflow_id``: the run page's
+    and ``recover``'s way (a request of another run is refused). Returns the request, decided."""
+    if decision not in ("approve", "reject"):
+        raise InvalidTransition(f"unknown decision {decision!r}: approve or reject")
+    text = str(request_id or "")
+    pk = int(text) if text.isdigit() and len(text) < 19 else None
+    request = ApprovalRequest.objects.filter(pk=pk, run__workflow_id=workflow_id).first() if pk else None
+    if request is None:
+        raise InvalidTransition(f"no approval request {request_id!r} on this run")
+    if decision == "reject":
+        approval_reject(request_id=request.pk, actor=actor, reason=reason, now=now)
+    else:
+        approval_grant(request_id=request.pk, actor=actor, reason=reason, expect=expect, now=now)
+    return ApprovalRequest.objects.select_related("run").get(pk=request.pk)
+
+
 def _decide(request: ApprovalRequest, state: ApprovalState, *, actor: AbstractBaseUser, reason: str, now: datetime):
     request.state = state
     request.decided_by = actor

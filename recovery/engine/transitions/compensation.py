@@ -8,9 +8,9 @@ from datetime import datetime, timedelta
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from recovery import clock
+from recovery import clock, permissions
 from recovery.engine import dispatch
-from recovery.errors import ErrorKind, InvalidTransition, StepError, TransientError
+from recovery.errors import ErrorKind, InvalidTransition, NotPermitted, StepError, TransientError
 from recovery.models import ApprovalRequest, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.workflow import Outcome, StepSpec, get_workflow
@@ -67,6 +67,23 @@ def _compensation_targets(run: WorkflowRun, step_name: str | None = None) -> lis
     return [s for s in steps if s.step_name in compensable and s.state in undoable]
 
 
+def _check_who(run: WorkflowRun, targets: list[StepExecution], actor: AbstractBaseUser) -> None:
+    """Each compensation names the lowest role that may trigger it (``@step.compensate(who=…)``):
+    a person compensates only steps whose ``who`` their role reaches."""
+    workflow = get_workflow(run.workflow_name)
+    role = permissions.role_of(actor)
+    above = []
+    for step in targets:
+        contract = workflow.get_step(step.step_name).compensation
+        if contract is not None and role < permissions.role_named(contract.who):
+            above.append(f"{step.step_name} ({contract.who})")
+    if above:
+        raise NotPermitted(
+            f"{actor.get_username()} ({role.name.lower()}) may not compensate {', '.join(above)}: "
+            "each compensation names the lowest role that may trigger it"
+        )
+
+
 def _start_compensation(
     run: WorkflowRun,
     *,
@@ -80,6 +97,8 @@ def _start_compensation(
     targets = _compensation_targets(run, step_name)
     if not targets:
         raise InvalidTransition(f"run {run.workflow_id} has no completed step with a compensation")
+    if actor is not None:
+        _check_who(run, targets, actor)
     before = _snap(run)
     _check(RUN_TRANSITIONS, "compensate", run.state, "run")
     if step_name is None:

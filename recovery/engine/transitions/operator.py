@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from datetime import datetime
+from typing import Any
 
+import pydantic
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Q
 
 from recovery import clock, permissions
 from recovery.actions import ACTIONS, FOUR_EYES_ACTIONS
@@ -27,7 +28,7 @@ from recovery.models import (
     WorkflowRun,
 )
 from recovery.redaction import redact_text
-from recovery.workflow import get_workflow
+from recovery.workflow import StepSpec, get_workflow
 
 from ._core import (
     RUN_LEASE_FIELDS,
@@ -37,6 +38,7 @@ from ._core import (
     _check,
     _live_lease,
     _locked_run_by_id,
+    _redacted,
     _release_into,
     _save_run,
     _save_step,
@@ -68,6 +70,9 @@ def run_resume(
             run=run, state__in=[StepState.FAILED, StepState.UNKNOWN]
         ):
             _restart_budget(step, now, actor)
+        for step in StepExecution.objects.select_for_update().filter(run=run, refusal__isnull=False):
+            _clear_refusal(step)  # its guards run again: a refusal that still holds is recorded again
+            _save_step(step, ["refusal", "last_error_kind", "last_error"], now, actor)
         requeued = []
         for message in OutboxMessage.objects.select_for_update().filter(run=run, state=OutboxState.FAILED):
             # Delivered once at most: the next attempt looks the message up before sending.
@@ -317,12 +322,16 @@ def decision_supersede(
     step_name: str,
     actor: AbstractBaseUser | None,
     reason: str,
+    decision: dict[str, Any] | None = None,
     expect: str | None = None,
     now: datetime | None = None,
 ) -> WorkflowRun:
-    """Set aside the accepted model decision so that the step decides again, as a new
-    version (rule 4: a new decision needs a recorded reason). Only before any later step
-    has used it."""
+    """Replace the accepted model decision (rule 4: a new decision needs a recorded reason).
+    With ``decision``, by that edited one — validated by the step's schema, accepted at once as
+    a new version, checked by the guards when the run goes on; without, the step asks the model
+    again. Only while no later step has sent a request built from the old one: its key would
+    then carry a different payload. A later step's refusal and overrides are cleared (they were
+    about the old decision)."""
     reason = require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
@@ -331,33 +340,58 @@ def decision_supersede(
             raise InvalidTransition(
                 f"run {workflow_id} is {run.state}; a decision can only be replaced on a stopped run"
             )
-        decision = (
+        old = (
             ModelDecision.objects.select_for_update()
             .filter(run=run, step_name=step_name, state=DecisionState.ACCEPTED)
             .first()
         )
-        if decision is None:
+        if old is None:
             raise InvalidTransition(f"step {step_name} has no accepted decision")
+        spec = get_workflow(run.workflow_name).get_step(step_name)
+        accepted = None if decision is None else _redacted(run, _validated(spec, decision))
         step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
-        later = StepExecution.objects.filter(run=run, position__gt=step.position).filter(
-            ~Q(state=StepState.PENDING) | Q(attempts__gt=0)
-        )
-        if later.exists():
-            # Its key was already sent with a request built from this decision: resending it
-            # with a different payload would be a conflict at the receiver.
-            raise InvalidTransition("a later step already acted on this decision; compensate it first")
-        before = {**_snap(run, step), "decision_version": decision.version}
-        decision.state = DecisionState.SUPERSEDED
-        decision.superseded_reason = redact_text(reason)
-        decision.save(update_fields=["state", "superseded_reason"])
-        step.state = StepState.PENDING
-        step.remote_ref = ""
-        step.result = None
+        later = list(StepExecution.objects.select_for_update().filter(run=run, position__gt=step.position))
+        acted = next((s for s in later if s.state != StepState.PENDING or s.attempts > 0), None)
+        if acted is not None:
+            raise InvalidTransition(
+                f"{acted.step_name} already sent a request built from this decision under its idempotency key "
+                f"{acted.idempotency_key[:12]}…: the same key cannot carry another payload, so the decision can no "
+                "longer change for this run (compensate and start the business event again, or terminate)"
+            )
+        before = {**_snap(run, step), "decision_version": old.version, "decision": old.accepted}
+        old.state = DecisionState.SUPERSEDED
+        old.superseded_reason = redact_text(reason)
+        old.save(update_fields=["state", "superseded_reason"])
+        if accepted is None:  # ask the model again
+            step.state = StepState.PENDING
+            step.remote_ref = ""
+            step.result = None
+            after_extra: dict[str, Any] = {}
+        else:
+            version = old.version + 1
+            ModelDecision.objects.create(
+                run=run,
+                step_name=step_name,
+                version=version,
+                state=DecisionState.ACCEPTED,
+                schema_version=spec.schema_version,
+                proposal=None,  # an operator's decision: the model proposed none of it
+                accepted=accepted,
+                created_at=now,
+            )
+            step.remote_ref = f"decision v{version}"
+            step.result = accepted
+            after_extra = {"decision_version": version, "decision": accepted}
         _fresh_budget(step)
         _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
-        if run.state != RunState.PENDING:
-            _release_into(run, RunState.PENDING, reason=f"{step_name}: decision superseded")
-            _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        for other in later:
+            if other.refusal or other.overrides or other.last_error_kind:
+                _clear_refusal(other)
+                other.overrides = []
+                _save_step(other, ["refusal", "overrides", "last_error_kind", "last_error"], now, actor)
+        reopened = f"decision superseded by {_actor_fields(actor)['actor']}"
+        _release_into(run, RunState.PENDING, reason=f"{step_name}: {reopened}")
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
         _audit(
             run,
             "decision_supersede",
@@ -365,7 +399,78 @@ def decision_supersede(
             step_name=step_name,
             reason=reason,
             before=before,
-            after=_snap(run, step),
+            after={**_snap(run, step), **after_extra},
+            now=now,
+        )
+        dispatch.enqueue_run(run.pk)
+        return run
+
+
+def _validated(spec: StepSpec, decision: Any) -> dict[str, Any]:
+    if spec.decision_schema is None:
+        raise InvalidTransition(f"{spec.name} is not a model step: it has no decision to replace")
+    if not isinstance(decision, dict):
+        raise InvalidTransition("the decision must be a JSON object")
+    try:
+        return spec.decision_schema.model_validate(decision).model_dump(mode="json")
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'decision'}: {e['msg']}" for e in exc.errors())
+        raise InvalidTransition(f"the decision does not match {spec.decision_schema.__name__}: {problems}") from None
+
+
+def _clear_refusal(step: StepExecution) -> None:
+    step.refusal = None
+    step.last_error_kind = ""
+    step.last_error = ""
+
+
+def step_override(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Accept the proposal a guard refused: the refused rule is overridden for this run (every
+    step's guards skip it while the decision stands), recorded with who and why, and the run
+    goes on. Other rules still hold."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        if _live_lease(run, now):
+            raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
+        step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
+        if step is None:
+            raise InvalidTransition(f"run {workflow_id} has no step {step_name!r}")
+        if not step.refusal or run.state != RunState.NEEDS_REVIEW:
+            raise InvalidTransition(f"{step_name} holds no refused proposal to accept")
+        before = _snap(run, step)
+        refusal = step.refusal
+        override = {
+            "rule": refusal.get("rule", ""),
+            "by": _actor_fields(actor)["actor"],
+            "reason": redact_text(reason)[:1000],
+            "at": now.isoformat(),
+            "refused": refusal.get("message", ""),
+            "values": refusal.get("values", {}),
+        }
+        step.overrides = [*(step.overrides or []), override]
+        _clear_refusal(step)
+        _save_step(step, ["refusal", "overrides", "last_error_kind", "last_error"], now, actor)
+        _check(RUN_TRANSITIONS, "resume", run.state, "run")
+        _release_into(run, RunState.PENDING, reason=f"{step_name}: {override['rule']} overridden by {override['by']}")
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        _audit(
+            run,
+            "policy_override",
+            actor=actor,
+            step_name=step_name,
+            reason=reason,
+            before={**before, "refusal": refusal},
+            after={**_snap(run, step), "override": override},
             now=now,
         )
         dispatch.enqueue_run(run.pk)

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from recovery import permissions
 from recovery.actions import ACTIONS, StepArg
-from recovery.errors import InvalidTransition
+from recovery.errors import InvalidTransition, NotPermitted
 from recovery.models import ApprovalRequest, WorkflowRun
 
 from . import compensation, operator
@@ -22,16 +24,23 @@ def perform(
     reason: str,
     step_name: str | None = None,
     remote_ref: str = "",
+    decision: dict[str, Any] | None = None,
     expect: str | None = None,
     now: datetime | None = None,
     approval: ApprovalRequest | None = None,
 ) -> WorkflowRun:
     """Perform ``action`` through its transition, which checks the run's state, the reason,
-    the page's version (``expect``) and the four-eyes rule. Raises InvalidTransition for an
-    unknown action or a missing step, as the transitions do for everything else."""
+    the page's version (``expect``) and the four-eyes rule. A person's role is checked here
+    for every surface (NotPermitted); the executor and systems (``actor`` None) are not people.
+    Raises InvalidTransition for an unknown action or a missing step, as the transitions do
+    for everything else."""
     spec = ACTIONS.get(action)
     if spec is None:
         raise InvalidTransition(f"unknown action {action!r}")
+    if actor is not None and not permissions.can(actor, spec.permission):
+        role = permissions.role_of(actor).name.lower()
+        needed = permissions.REQUIRED_ROLE[spec.permission].name.lower()
+        raise NotPermitted(f"{actor.get_username()} ({role}) may not {spec.label}: that needs the {needed} role")
     if spec.step == StepArg.REQUIRED and not step_name:
         raise InvalidTransition(f"{action} needs a step")
     transition = getattr(operator, spec.transition, None) or getattr(compensation, spec.transition)
@@ -41,6 +50,10 @@ def perform(
         arguments["step_name"] = step_name or None
     if spec.evidence:
         arguments["remote_ref"] = remote_ref
+    if spec.decision:
+        if decision is None:
+            raise InvalidTransition(f"{action} needs the new decision (JSON)")
+        arguments["decision"] = decision
     if approval is not None:
         arguments["approval"] = approval
     return transition(**arguments)

@@ -3,6 +3,7 @@ for the in-flight window."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -191,6 +192,65 @@ def step_fail(
         if auto_compensate and outcome == RunState.FAILED and delay is None and _compensation_targets(run):
             _start_compensation(run, actor=None, reason=f"automatic: {step_name} failed permanently", now=now)
             lease.seen.clear()  # it marked other steps: the executor's copy of them is out of date
+        return step
+
+
+def step_refuse(
+    *, lease: Lease, step_name: str, rule: str, message: str, values: dict[str, Any], now: datetime | None = None
+) -> StepExecution:
+    """A guard refused the step before its intent was checkpointed: nothing was written or
+    sent. The step keeps the refusal (which rule, which values) and the run waits for an
+    operator: supersede the decision, override the rule (a supervisor), or terminate."""
+    with _leased_step(lease, step_name, "policy_refused", now) as change:
+        run, step, now = change.run, change.step, change.now
+        step.state = _check(STEP_TRANSITIONS, "refuse", step.state, "step")
+        cause = redact_text(f"policy refused: {rule}: {message}")
+        step.refusal = _redacted(run, {"rule": rule, "message": message, "values": _plain(values)})
+        step.last_error_kind = ErrorKind.POLICY_REFUSED
+        step.last_error = cause[:4000]
+        step.next_attempt_at = None
+        _save_step(step, ["state", "refusal", "last_error_kind", "last_error", "next_attempt_at"], now)
+        _check(RUN_TRANSITIONS, "review", run.state, "run")
+        _release_into(run, RunState.NEEDS_REVIEW, reason=cause)
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        change.reason = cause[:1000]
+        change.extra = {"refusal": step.refusal}
+        return step
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """A refusal's values as JSON (decimals and dates as text)."""
+    return json.loads(json.dumps(values, default=str))
+
+
+def step_defer_check(
+    *, lease: Lease, step_name: str, rule: str, error: StepError, spec: StepSpec, now: datetime | None = None
+) -> StepExecution:
+    """A guard could not read the state it checks (the other system failed): nothing was
+    sent. A retryable failure checks again later, within the step's retry budget (counted in
+    ``reconcile_attempts``, the step's failed look-ups); anything else goes to review."""
+    with _leased_step(lease, step_name, "check_deferred", now) as change:
+        run, step, now = change.run, change.step, change.now
+        step.state = _check(STEP_TRANSITIONS, "defer_check", step.state, "step")
+        step.reconcile_attempts += 1
+        message = redact_text(f"guard {rule} could not check: {error.message}")
+        step.last_error_kind = error.kind
+        step.last_error = message[:4000]
+        delay = spec.retry.next_delay(step.reconcile_attempts, error)
+        if delay is None:
+            step.next_attempt_at = None
+            _check(RUN_TRANSITIONS, "review", run.state, "run")
+            _release_into(run, RunState.NEEDS_REVIEW, reason=f"{step_name}: {message}"[:2000])
+        else:
+            step.next_attempt_at = now + timedelta(seconds=delay)
+            _check(RUN_TRANSITIONS, "wait", run.state, "run")
+            _release_into(
+                run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: check retry scheduled"
+            )
+        fields = ["state", "reconcile_attempts", "last_error_kind", "last_error", "next_attempt_at"]
+        _save_step(step, fields, now)
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        change.reason = message[:1000]
         return step
 
 

@@ -63,6 +63,9 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "await_settle": (frozenset({StepState.UNKNOWN}), StepState.UNKNOWN),
     "reset": (frozenset({StepState.UNKNOWN, StepState.FAILED}), StepState.PENDING),
     "skip": (frozenset({StepState.PENDING}), StepState.SKIPPED),
+    # a guard refused the step (or could not read the state it checks) before its intent: nothing sent
+    "refuse": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.PENDING),
+    "defer_check": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.PENDING),
     "compensate": (frozenset({StepState.SUCCEEDED, StepState.COMPENSATION_FAILED}), StepState.COMPENSATING),
     "compensation_begin": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATING),
     "compensation_succeed": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATED),

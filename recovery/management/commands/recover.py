@@ -1,42 +1,99 @@
+from pathlib import Path
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
-from recovery.actions import ACTIONS, StepArg
+from recovery.actions import ACTIONS, DECISIONS, StepArg, parse_decision
 from recovery.engine import transitions
 from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
-from recovery.permissions import can
 
 
 class Command(RecoveryCommand):
-    help = "Apply an operator recovery action to a run, audited with the operator and a reason."
+    help = (
+        "Apply an operator recovery action to a run, audited with the operator and a reason: the console's "
+        "actions, through the same transition and the same checks (role, state, four-eyes)."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("action", choices=list(ACTIONS))
+        parser.add_argument(
+            "action",
+            choices=[*ACTIONS, *DECISIONS],
+            help="; ".join(f"{name}: {action.label}" for name, action in ACTIONS.items())
+            + "; approve, reject: a four-eyes request on this run (--request)",
+        )
         parser.add_argument("workflow_id")
         parser.add_argument(
-            "--step", help="the step (retry, reconcile, resolve_*; compensate: one step instead of the run)"
+            "--step",
+            help="the step (retry, reconcile, resolve_*, supersede, decide_again, override; "
+            "compensate: one step instead of the run)",
         )
         parser.add_argument("--remote-ref", default="", help="resolve_happened: the remote id that shows it happened")
+        decision = parser.add_mutually_exclusive_group()
+        decision.add_argument("--decision", help="supersede: the new decision, a JSON object")
+        decision.add_argument("--decision-file", help="supersede: a file holding the new decision (JSON); - for stdin")
+        parser.add_argument("--request", help="approve, reject: the request's id (manage.py approval list)")
         parser.add_argument("--reason", required=True)
         parser.add_argument("--as", dest="username", required=True, help="the operator's username")
 
-    def handle(self, *args, action, workflow_id, step, remote_ref, reason, username, **options):
+    def handle(
+        self,
+        *args,
+        action,
+        workflow_id,
+        step,
+        remote_ref,
+        decision,
+        decision_file,
+        request,
+        reason,
+        username,
+        **options,
+    ):
         user = get_user_model().objects.filter(username=username, is_active=True).first()
         if user is None:
             raise CommandError(f"no active user {username!r}")
-        spec = ACTIONS[action]
-        if not can(user, spec.permission):  # the console's rule (recovery.permissions), from the shell too
-            raise CommandError(f"{username}'s role may not {action} runs")
-        if spec.step == StepArg.REQUIRED and not step:
+        if action in DECISIONS:
+            return self._decide(action, workflow_id, request, user, reason)
+        if ACTIONS[action].step == StepArg.REQUIRED and not step:
             raise CommandError(f"{action} needs --step")
         try:
+            edited = _decision(decision, decision_file) if ACTIONS[action].decision else None
             transitions.perform(
-                action, workflow_id=workflow_id, step_name=step, remote_ref=remote_ref, actor=user, reason=reason
+                action,
+                workflow_id=workflow_id,
+                step_name=step,
+                remote_ref=remote_ref,
+                decision=edited,
+                actor=user,
+                reason=reason,
             )
         except WorkflowRun.DoesNotExist:
             raise CommandError(f"no run {workflow_id!r}") from None
-        except InvalidTransition as exc:
+        except InvalidTransition as exc:  # also NotPermitted and ApprovalRequired: one line, non-zero exit
             raise CommandError(str(exc)) from None
         self.stdout.write(f"{action}: {workflow_id} is now {WorkflowRun.objects.get(workflow_id=workflow_id).state}")
+
+    def _decide(self, action, workflow_id, request_id, user, reason):
+        """The run page's approve / reject of a four-eyes request, through the same transition."""
+        if not request_id:
+            raise CommandError(f"{action} needs --request (manage.py approval list --run {workflow_id})")
+        try:
+            decided = transitions.approval_decide(
+                action, request_id=request_id, workflow_id=workflow_id, actor=user, reason=reason
+            )
+        except InvalidTransition as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(
+            f"{action}: request {decided.pk} is {decided.state}; {workflow_id} is now {decided.run.state}"
+        )
+
+
+def _decision(text: str | None, path: str | None) -> dict:
+    if path is not None:
+        try:
+            text = Path("/dev/stdin" if path == "-" else path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InvalidTransition(f"cannot read {path}: {exc.strerror}") from None
+    return parse_decision(text)

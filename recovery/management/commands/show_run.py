@@ -28,6 +28,11 @@ class Command(RecoveryCommand):
             self.stdout.write(
                 f"  {s['name']:<28} {s['state']:<12} attempts={s['attempts']} ref={s['remote_ref'] or '-'}{err}"
             )
+            if s["refusal"]:
+                values = ", ".join(f"{k}={v}" for k, v in s["refusal"]["values"].items())
+                self.stdout.write(f"    refused by {s['refusal']['rule']}: {values or s['refusal']['message']}")
+            for o in s["overrides"]:
+                self.stdout.write(f"    {o['rule']} overridden by {o['by']} at {o['at']}: {o['reason']}")
 
 
 def _dumps(doc: dict) -> str:

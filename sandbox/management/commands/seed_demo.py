@@ -41,7 +41,8 @@ from sandbox import faults
 from sandbox.models import Fault
 
 OWNER = "seed-demo"
-# The demo model's scripted answers (MODEL_PROVIDER=scripted): the off-schema invoice.
+# The demo model's scripted answers (MODEL_PROVIDER=scripted): the off-schema invoice, and the
+# invoice whose approver the model gets wrong (the approval policy's guard stops it).
 MODEL_SCRIPT = Path(__file__).resolve().parents[2] / "demo_model_script.json"
 # The dropped answers cost one read timeout each; one second is plenty on one machine.
 SEED_HTTP_TIMEOUT = 1.0
@@ -60,6 +61,7 @@ OUTCOMES = {
     "unknown_outcome": RunState.NEEDS_REVIEW,
     "task_forbidden": RunState.FAILED,
     "model_off_schema": RunState.NEEDS_REVIEW,
+    "model_wrong_approver": RunState.NEEDS_REVIEW,
     "compensation_fails": RunState.COMPENSATION_FAILED,
     "message_forbidden": RunState.NEEDS_REVIEW,
     "ledger_rate_limited": RunState.WAITING,
@@ -107,6 +109,8 @@ SCENARIOS = (
              "message_forbidden"),
     Scenario("wayne", "WE-3302", "Wayne Paper Co", "200 reams of paper and 30 toner cartridges", "EUR 1,125.40",
              "ledger_rate_limited"),
+    Scenario("globex", "GX-2024-119", "Globex Hardware", "8 laptops for the new analysts", "EUR 14,200.00",
+             "model_wrong_approver"),
 )
 # fmt: on
 
@@ -317,6 +321,11 @@ class Seeder:
         # The model answers this invoice off schema (MODEL_PROVIDER=scripted, the demo's script).
         with _settings(MODEL_PROVIDER="scripted", MODEL_SCRIPT=str(MODEL_SCRIPT)):
             return self.drive(run)
+
+    def model_wrong_approver(self, run: WorkflowRun) -> WorkflowRun:
+        # The model names the IT lead for EUR 14,200 of laptops; the policy says the CFO. The
+        # approval_policy guard stops the run before any task, message or entry exists.
+        return self.model_off_schema(run)
 
     def compensation_fails(self, run: WorkflowRun) -> WorkflowRun:
         self.arm("ledger", "post", "forbidden")
