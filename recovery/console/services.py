@@ -18,8 +18,8 @@ from recovery.actions import ACTIONS, BULK_ACTIONS, StepArg, parse_decision
 from recovery.console import selectors
 from recovery.engine import transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
-from recovery.models import FAILURE_ACTIONS, AuditEvent, RunState, StepExecution, StepState, WorkflowRun
-from recovery.permissions import can, role_named, role_of
+from recovery.models import FAILURE_ACTIONS, AuditEvent, StepExecution, StepState, WorkflowRun
+from recovery.permissions import can
 
 # The column's size: a longer evidence reference is refused with a message, not a database error.
 REMOTE_REF_MAX_LENGTH = StepExecution._meta.get_field("remote_ref").max_length
@@ -79,83 +79,65 @@ class Action:
     evidence: bool = False  # "it succeeded, remote id X"
 
 
-def available_actions(detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime) -> list[Action]:
-    """The actions valid in the run's current state AND allowed for this user. The server
-    checks both again when the form comes back."""
-    run: WorkflowRun = detail["run"]
-    steps = detail["steps"]
-    live = bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
-    if run.state in transitions.TERMINAL_RUN_STATES and run.state != RunState.COMPLETED:
-        return []
-    if live:
-        return []
-    actions: list[Action] = []
-    if run.state in transitions.RUN_TRANSITIONS["resume"][0] and can(user, "resume"):
-        actions.append(Action("resume", "Resume from checkpoint"))
-    for step in steps:
-        if step.state == StepState.UNKNOWN and can(user, "reconcile"):
-            actions.append(Action("reconcile", f"Reconcile {step.step_name} by key", step.step_name))
-            actions.append(Action("resolve_happened", f"{step.step_name}: it succeeded", step.step_name, evidence=True))
-            actions.append(Action("resolve_absent", f"{step.step_name}: it did not happen", step.step_name))
-        if step.state == StepState.FAILED and run.state not in transitions.TERMINAL_RUN_STATES and can(user, "retry"):
-            actions.append(Action("retry", f"Retry {step.step_name}", step.step_name))
-        if step.refusal and run.state == RunState.NEEDS_REVIEW and can(user, "override"):
-            rule = step.refusal.get("rule", "")
-            actions.append(
-                Action(
-                    "override",
-                    f"{step.step_name}: accept the refused proposal ({rule})",
-                    step.step_name,
-                    confirm=f"Override {rule} for this run and let {step.step_name} act on the proposal as it is?",
-                )
-            )
+# Where the console shows each action: the decision tools sit with the model's decision.
+DECISION_TOOLS = ("supersede", "decide_again")
+
+
+def offered(detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime) -> list[tuple[str, str | None]]:
+    """(action, step) pairs valid in the run's current state AND allowed for this user: the
+    transitions' own judgement (transitions.why_not), which they apply again when the form
+    comes back."""
+    situation = transitions.Situation.of(detail["run"], detail["steps"], now)
+    return transitions.offered(situation, user)
+
+
+def available_actions(
+    detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime, pairs: list | None = None
+) -> list[Action]:
+    """The run page's buttons (``pairs``: ``offered``, if already computed)."""
+    pairs = offered(detail, user, now=now) if pairs is None else pairs
     workflow = detail["workflow"]
-    if workflow is not None and can(user, "compensate") and run.state in transitions.RUN_TRANSITIONS["compensate"][0]:
-        compensable = [s for s in steps if workflow.get_step(s.step_name).compensation_fn is not None]
-        undoable = [s for s in compensable if s.state in (StepState.SUCCEEDED, StepState.COMPENSATION_FAILED)]
-        role = role_of(user)
-
-        def may_undo(step: StepExecution) -> bool:  # the role its compensation names (who=…)
-            return role >= role_named(workflow.get_step(step.step_name).compensation.who)
-
-        if undoable and not any(s.state == StepState.UNKNOWN for s in steps):
-            if all(may_undo(s) for s in undoable):
-                actions.append(
-                    Action("compensate", "Compensate the whole run", confirm="Undo every completed effect of this run?")
-                )
-            latest = max(undoable, key=lambda s: s.position)
-            if may_undo(latest):
-                actions.append(
-                    Action(
-                        "compensate",
-                        f"Compensate {latest.step_name}",
-                        latest.step_name,
-                        confirm=f"Undo {latest.step_name}: "
-                        f"{workflow.get_step(latest.step_name).compensation.description}",
-                    )
-                )
-    if run.state in transitions.RUN_TRANSITIONS["terminate"][0] and can(user, "terminate"):
-        actions.append(Action("terminate", "Terminate", confirm="Stop this run for good? Effects made stay made."))
+    steps = {s.step_name: s for s in detail["steps"]}
+    actions = [_button(name, steps.get(step), workflow) for name, step in pairs if name not in DECISION_TOOLS]
     four_eyes = workflow.four_eyes if workflow is not None else frozenset()
     return [_as_request(a) if a.name in four_eyes else a for a in actions]
 
 
-def decision_tools(detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime) -> list[dict[str, Any]]:
+def _button(name: str, step: StepExecution | None, workflow) -> Action:
+    at = step.step_name if step is not None else ""
+    if name == "compensate":
+        if step is None:
+            return Action(name, "Compensate the whole run", confirm="Undo every completed effect of this run?")
+        description = workflow.get_step(at).compensation.description
+        return Action(name, f"Compensate {at}", at, confirm=f"Undo {at}: {description}")
+    if name == "override":
+        rule = step.refusal.get("rule", "")
+        confirm = f"Override {rule} for this run and let {at} act on the proposal as it is?"
+        return Action(name, f"{at}: accept the refused proposal ({rule})", at, confirm=confirm)
+    label = {
+        "resume": "Resume from checkpoint",
+        "retry": f"Retry {at}",
+        "reconcile": f"Reconcile {at} by key",
+        "resolve_happened": f"{at}: it succeeded",
+        "resolve_absent": f"{at}: it did not happen",
+        "terminate": "Terminate",
+    }[name]
+    confirm = "Stop this run for good? Effects made stay made." if name == "terminate" else ""
+    return Action(name, label, at, confirm=confirm, evidence=name == "resolve_happened")
+
+
+def decision_tools(
+    detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime, pairs: list | None = None
+) -> list[dict[str, Any]]:
     """The accepted decisions this user may replace now (edited, or asked of the model again),
-    each with its JSON for the form. The transition checks all of it again."""
-    run: WorkflowRun = detail["run"]
-    live = bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
-    if not can(user, "supersede") or run.state in transitions.TERMINAL_RUN_STATES or live:
-        return []
-    steps = detail["steps"]
-    tools = []
-    for decision in detail["accepted"]:
-        step = next((s for s in steps if s.step_name == decision.step_name), None)
-        later = [s for s in steps if step is not None and s.position > step.position]
-        if step is None or any(s.state != StepState.PENDING or s.attempts for s in later):
-            continue
-        tools.append({"step": step.step_name, "json": json.dumps(decision.accepted, indent=2, sort_keys=True)})
-    return tools
+    each with its JSON for the form."""
+    pairs = offered(detail, user, now=now) if pairs is None else pairs
+    editable = {step for name, step in pairs if name == "supersede"}
+    return [
+        {"step": d.step_name, "json": json.dumps(d.accepted, indent=2, sort_keys=True)}
+        for d in detail["accepted"]
+        if d.step_name in editable
+    ]
 
 
 def _as_request(action: Action) -> Action:

@@ -142,15 +142,17 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         detail = selectors.run_detail(workflow_id)
     except WorkflowRun.DoesNotExist:
         raise Http404(f"no run {workflow_id}") from None
+    now = clock.now()
+    pairs = services.offered(detail, request.user, now=now)
     detail.update(
-        actions=services.available_actions(detail, request.user, now=clock.now()),
-        decision_tools=services.decision_tools(detail, request.user, now=clock.now()),
+        actions=services.available_actions(detail, request.user, now=now, pairs=pairs),
+        decision_tools=services.decision_tools(detail, request.user, now=now, pairs=pairs),
         approvals=services.pending_approvals(detail["run"], detail["workflow"], request.user),
         four_eyes=services.four_eyes_labels(detail["workflow"]),
         version=run_version(detail["run"]),
         role=role_of(request.user).name.lower(),
         message=message,
-        now=clock.now(),
+        now=now,
     )
     template = "console/run.html#run-body" if request.htmx else "console/run.html"
     return render(request, template, detail, status=status)

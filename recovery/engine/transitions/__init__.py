@@ -32,6 +32,7 @@ from .compensation import (
     run_compensation_done,
 )
 from .leases import claimable, outbox_dispatch, run_claim, run_claim_next, runs_dispatch
+from .offers import Situation, offered, why_not
 from .operator import (
     BUDGET_FIELDS,
     LABELS,
@@ -113,6 +114,9 @@ __all__ = [
     "outbox_failed_attempt",
     "outbox_unresolved",
     "perform",
+    "Situation",
+    "offered",
+    "why_not",
     "require_reason",
     "run_claim",
     "run_claim_next",

@@ -8,13 +8,14 @@ from datetime import datetime, timedelta
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from recovery import clock, permissions
+from recovery import clock
 from recovery.engine import dispatch
-from recovery.errors import ErrorKind, InvalidTransition, NotPermitted, StepError, TransientError
+from recovery.errors import ErrorKind, StepError, TransientError
 from recovery.models import ApprovalRequest, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.workflow import Outcome, StepSpec, get_workflow
 
+from . import offers
 from ._core import (
     RUN_LEASE_FIELDS,
     Lease,
@@ -22,7 +23,6 @@ from ._core import (
     _audit,
     _check,
     _leased_step,
-    _live_lease,
     _locked_run,
     _locked_run_by_id,
     _redacted,
@@ -40,48 +40,9 @@ from .tables import DONE_STEP_STATES, RUN_TRANSITIONS, STEP_TRANSITIONS
 
 
 def _compensation_targets(run: WorkflowRun, step_name: str | None = None) -> list[StepExecution]:
-    workflow = get_workflow(run.workflow_name)
-    compensable = {spec.name for spec in workflow.steps if spec.compensation_fn is not None}
-    steps = list(StepExecution.objects.select_for_update().filter(run=run).order_by("position"))
-    unknown = [s.step_name for s in steps if s.state == StepState.UNKNOWN]
-    if unknown:
-        # First establish whether the original action happened at all.
-        raise InvalidTransition(f"reconcile {', '.join(unknown)} first: its outcome is unknown")
-    undoable = (StepState.SUCCEEDED, StepState.COMPENSATION_FAILED)
-    if step_name is not None:
-        step = next((s for s in steps if s.step_name == step_name), None)
-        if step is None:
-            raise InvalidTransition(f"run {run.workflow_id} has no step {step_name!r}")
-        if step_name not in compensable:
-            raise InvalidTransition(f"step {step_name} declares no compensation")
-        if step.state not in undoable:
-            raise InvalidTransition(f"step {step_name} is {step.state}; only a completed step can be compensated")
-        later = [
-            s.step_name
-            for s in steps
-            if s.position > step.position and s.state in undoable and s.step_name in compensable
-        ]
-        if later:
-            raise InvalidTransition(f"compensate {', '.join(later)} first: compensations run in reverse order")
-        return [step]
-    return [s for s in steps if s.step_name in compensable and s.state in undoable]
-
-
-def _check_who(run: WorkflowRun, targets: list[StepExecution], actor: AbstractBaseUser) -> None:
-    """Each compensation names the lowest role that may trigger it (``@step.compensate(who=…)``):
-    a person compensates only steps whose ``who`` their role reaches."""
-    workflow = get_workflow(run.workflow_name)
-    role = permissions.role_of(actor)
-    above = []
-    for step in targets:
-        contract = workflow.get_step(step.step_name).compensation
-        if contract is not None and role < permissions.role_named(contract.who):
-            above.append(f"{step.step_name} ({contract.who})")
-    if above:
-        raise NotPermitted(
-            f"{actor.get_username()} ({role.name.lower()}) may not compensate {', '.join(above)}: "
-            "each compensation names the lowest role that may trigger it"
-        )
+    """The steps to undo, locked (offers.compensation_targets says which, or why none)."""
+    steps = StepExecution.objects.select_for_update().filter(run=run)
+    return offers.compensation_targets(offers.Situation.of(run, steps, clock.now()), step_name)
 
 
 def _start_compensation(
@@ -95,10 +56,8 @@ def _start_compensation(
     """Mark what will be compensated and hand the run to the executor, which undoes each
     marked step in reverse order. Steps that never ran are skipped (whole-run only)."""
     targets = _compensation_targets(run, step_name)
-    if not targets:
-        raise InvalidTransition(f"run {run.workflow_id} has no completed step with a compensation")
-    if actor is not None:
-        _check_who(run, targets, actor)
+    if actor is not None and (refused := offers.who_refusal(get_workflow(run.workflow_name), targets, actor)):
+        raise refused
     before = _snap(run)
     _check(RUN_TRANSITIONS, "compensate", run.state, "run")
     if step_name is None:
@@ -145,8 +104,7 @@ def run_compensate(
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
         _four_eyes(run, "compensate", step_name or "", approval)
-        if _live_lease(run, now):
-            raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
+        offers.require("compensate", run, now, step_name=step_name, actor=actor)
         _abandon_running_steps(run, now, actor)  # then compensation waits for their reconciliation
         _start_compensation(run, actor=actor, reason=reason, now=now, step_name=step_name)
         return run

@@ -11,7 +11,7 @@ import pydantic
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from recovery import clock, permissions
+from recovery import clock
 from recovery.actions import ACTIONS, FOUR_EYES_ACTIONS
 from recovery.engine import dispatch
 from recovery.errors import ApprovalRequired, InvalidTransition
@@ -30,13 +30,13 @@ from recovery.models import (
 from recovery.redaction import redact_text
 from recovery.workflow import StepSpec, get_workflow
 
+from . import offers
 from ._core import (
     RUN_LEASE_FIELDS,
     _abandon_running_steps,
     _actor_fields,
     _audit,
     _check,
-    _live_lease,
     _locked_run_by_id,
     _redacted,
     _release_into,
@@ -45,7 +45,7 @@ from ._core import (
     _snap,
     require_reason,
 )
-from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS, TERMINAL_RUN_STATES
+from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
 
 
 def run_resume(
@@ -62,8 +62,7 @@ def run_resume(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
-        if run.state in TERMINAL_RUN_STATES:
-            raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be resumed")
+        offers.require("resume", run, now, actor=actor)
         before = _snap(run)
         _check(RUN_TRANSITIONS, "resume", run.state, "run")
         for step in StepExecution.objects.select_for_update().filter(
@@ -182,18 +181,10 @@ def _operator_step_action(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
-        if run.state in TERMINAL_RUN_STATES:
-            raise InvalidTransition(f"run {workflow_id} is {run.state}: a finished run cannot be changed this way")
-        if _live_lease(run, now):
-            raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
+        offers.require(action, run, now, step_name=step_name, actor=actor)
         _abandon_running_steps(run, now, actor)
-        step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
-        if step is None:
-            raise InvalidTransition(f"run {workflow_id} has no step {step_name!r}")
-        if step.state not in allowed:
-            raise InvalidTransition(
-                f"step {step_name} is {step.state}; {action} needs a step that is {' or '.join(sorted(allowed))}"
-            )
+        step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        assert step.state in allowed  # offers.require: a step running under an expired lease is now unknown
         before = _snap(run, step)
         _restart_budget(step, now, actor)
         _release_into(run, RunState.PENDING, reason=f"{step_name}: {action} requested")
@@ -232,13 +223,12 @@ def step_resolve(
         if happened:
             _four_eyes(run, "resolve_happened", step_name, approval)
         stays_terminated = run.state == RunState.TERMINATED
-        if (run.state in TERMINAL_RUN_STATES and not stays_terminated) or _live_lease(run, now):
-            raise InvalidTransition(f"run {workflow_id} is {run.state}; it cannot be changed now")
+        situation = offers.require(
+            "resolve_happened" if happened else "resolve_absent", run, now, step_name=step_name, actor=actor
+        )
         _abandon_running_steps(run, now, actor)
-        step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
-        if step is None or step.state != StepState.UNKNOWN:
-            raise InvalidTransition(f"step {step_name} is not waiting for reconciliation")
-        early = None if happened else _absent_too_early(run, step, actor, now)
+        step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        early = None if happened else _window_open(situation, step, now)
         before = _snap(run, step)
         _fresh_budget(step)
         if happened:
@@ -270,22 +260,12 @@ def step_resolve(
         return run
 
 
-def _absent_too_early(
-    run: WorkflowRun, step: StepExecution, actor: AbstractBaseUser | None, now: datetime
-) -> str | None:
-    """ "It did not happen" while the step's last request may still commit (its in-flight
-    window is open, or unbounded) is a supervisor's call: the step would be performed again
-    beside a request that can still land. Returns the window's end (None when it is closed)."""
-    until = get_workflow(run.workflow_name).get_step(step.step_name).in_flight_until(step.last_attempt_at)
+def _window_open(situation: offers.Situation, step: StepExecution, now: datetime) -> str | None:
+    """When "it did not happen" is said while the step's request may still commit (a
+    supervisor's call, offers.absent_too_early): the window's end, for the audit."""
+    until = offers.in_flight_until(situation, step)
     if until is not None and until <= now:
         return None
-    if actor is not None and permissions.role_of(actor) < permissions.Role.SUPERVISOR:
-        sent = f" sent at {step.last_attempt_at:%H:%M:%S} UTC" if step.last_attempt_at else ""
-        still = f"until {until:%H:%M:%S} UTC" if until is not None else "at any time (no in-flight bound)"
-        raise InvalidTransition(
-            f"{step.step_name}: the request{sent} may still commit {still}; only a supervisor can declare "
-            "that it did not happen before then"
-        )
     return until.isoformat() if until is not None else "unbounded"
 
 
@@ -305,6 +285,7 @@ def run_terminate(
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
         _four_eyes(run, "terminate", "", approval)
+        offers.require("terminate", run, now, actor=actor)
         before = _snap(run)
         _check(RUN_TRANSITIONS, "terminate", run.state, "run")
         abandoned = _abandon_running_steps(run, now, actor)  # a live executor's call may land or not
@@ -336,10 +317,7 @@ def decision_supersede(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
-        if run.state in TERMINAL_RUN_STATES or _live_lease(run, now):
-            raise InvalidTransition(
-                f"run {workflow_id} is {run.state}; a decision can only be replaced on a stopped run"
-            )
+        offers.require("supersede" if decision is not None else "decide_again", run, now, step_name=step_name)
         old = (
             ModelDecision.objects.select_for_update()
             .filter(run=run, step_name=step_name, state=DecisionState.ACCEPTED)
@@ -351,13 +329,6 @@ def decision_supersede(
         accepted = None if decision is None else _redacted(run, _validated(spec, decision))
         step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
         later = list(StepExecution.objects.select_for_update().filter(run=run, position__gt=step.position))
-        acted = next((s for s in later if s.state != StepState.PENDING or s.attempts > 0), None)
-        if acted is not None:
-            raise InvalidTransition(
-                f"{acted.step_name} already sent a request built from this decision under its idempotency key "
-                f"{acted.idempotency_key[:12]}…: the same key cannot carry another payload, so the decision can no "
-                "longer change for this run (compensate and start the business event again, or terminate)"
-            )
         before = {**_snap(run, step), "decision_version": old.version, "decision": old.accepted}
         old.state = DecisionState.SUPERSEDED
         old.superseded_reason = redact_text(reason)
@@ -440,13 +411,8 @@ def step_override(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
-        if _live_lease(run, now):
-            raise InvalidTransition(f"run {workflow_id} is running under {run.lease_owner}; wait for it")
-        step = StepExecution.objects.select_for_update().filter(run=run, step_name=step_name).first()
-        if step is None:
-            raise InvalidTransition(f"run {workflow_id} has no step {step_name!r}")
-        if not step.refusal or run.state != RunState.NEEDS_REVIEW:
-            raise InvalidTransition(f"{step_name} holds no refused proposal to accept")
+        offers.require("override", run, now, step_name=step_name)
+        step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
         before = _snap(run, step)
         refusal = step.refusal
         override = {

@@ -8,12 +8,11 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
-from recovery import permissions
 from recovery.actions import ACTIONS, StepArg
-from recovery.errors import InvalidTransition, NotPermitted
+from recovery.errors import InvalidTransition
 from recovery.models import ApprovalRequest, WorkflowRun
 
-from . import compensation, operator
+from . import compensation, offers, operator
 
 
 def perform(
@@ -37,10 +36,9 @@ def perform(
     spec = ACTIONS.get(action)
     if spec is None:
         raise InvalidTransition(f"unknown action {action!r}")
-    if actor is not None and not permissions.can(actor, spec.permission):
-        role = permissions.role_of(actor).name.lower()
-        needed = permissions.REQUIRED_ROLE[spec.permission].name.lower()
-        raise NotPermitted(f"{actor.get_username()} ({role}) may not {spec.label}: that needs the {needed} role")
+    refused = offers.role_refusal(action, actor)
+    if refused is not None:
+        raise refused
     if spec.step == StepArg.REQUIRED and not step_name:
         raise InvalidTransition(f"{action} needs a step")
     transition = getattr(operator, spec.transition, None) or getattr(compensation, spec.transition)
