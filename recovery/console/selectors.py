@@ -7,15 +7,28 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
+from recovery.console.why import why_not_moving
 from recovery.errors import ErrorKind
-from recovery.models import DecisionState, RunState, StepExecution, StepState, WorkflowRun
+from recovery.models import (
+    ApprovalRequest,
+    ApprovalState,
+    DecisionState,
+    OutboxMessage,
+    OutboxState,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowRun,
+)
 
 
-def run_document(workflow_id: str) -> dict[str, Any]:
+def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
     """The run as ``show_run --json`` prints it (docs/operating.md "Commands")."""
     run = WorkflowRun.objects.get(workflow_id=workflow_id)
+    steps = list(run.steps.order_by("position"))
+    approvals = run.approvals.filter(state="pending").select_related("requested_by")
     return {
         "workflow_id": run.workflow_id,
         "workflow": run.workflow_name,
@@ -23,6 +36,7 @@ def run_document(workflow_id: str) -> dict[str, Any]:
         "state": run.state,
         "current_step": run.current_step,
         "status_reason": run.status_reason,
+        "why": why_not_moving(run, steps, now=now, approvals=approvals, outbox=run.outbox.all()),
         "incident": run.incident,
         "lease_owner": run.lease_owner,
         "lease_expires_at": run.lease_expires_at.isoformat() if run.lease_expires_at else None,
@@ -41,7 +55,7 @@ def run_document(workflow_id: str) -> dict[str, Any]:
                 "refusal": s.refusal,
                 "overrides": s.overrides,
             }
-            for s in run.steps.order_by("position")
+            for s in steps
         ],
         "audit": [
             {
@@ -67,20 +81,27 @@ AGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(da
 
 
 def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
-    # Causes found on steps are looked up from the steps' side (an index on state), so that
-    # a cause with few runs costs few rows, not a scan of every run.
+    """Stuck means a person must act, or something is wrong. Causes found on steps are looked up
+    from the steps' side (an index on state), so that a cause with few runs costs few rows, not
+    a scan of every run; those of a rare run state start from the runs of that state."""
+
     def runs_with(**step_filter: Any) -> Q:
         return Q(pk__in=StepExecution.objects.filter(**step_filter).values("run_id"))
 
     return {
         "needs_review": ("Needs review", Q(state=RunState.NEEDS_REVIEW)),
-        "unknown": ("Unknown outcome", runs_with(state=StepState.UNKNOWN)),
+        # An unknown outcome the engine is not already about to look up again.
+        "unknown": (
+            "Unknown outcome",
+            runs_with(state=StepState.UNKNOWN) & ~Q(state=RunState.WAITING, next_wake_at__gt=now),
+        ),
         "lease_expired": ("Lease expired", Q(state=RunState.RUNNING, lease_expires_at__lt=now)),
         "exhausted": (
             "Retries exhausted",
             Q(state=RunState.NEEDS_REVIEW)
             & runs_with(state=StepState.FAILED, last_error_kind__in=[ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED]),
         ),
+        "failed_with_effects": ("Failed, effects stand", Q(state=RunState.FAILED) & _effects_stand()),
         "compensation_failed": ("Compensation failed", Q(state=RunState.COMPENSATION_FAILED)),
         "policy_refused": (
             "Policy refused",
@@ -92,7 +113,29 @@ def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
             Q(state=RunState.NEEDS_REVIEW)
             & runs_with(state=StepState.FAILED, last_error_kind=ErrorKind.INVALID_MODEL_OUTPUT),
         ),
+        "message_undelivered": (
+            "Message undelivered",
+            Q(pk__in=OutboxMessage.objects.filter(state=OutboxState.FAILED).values("run_id")),
+        ),
+        "approval": (
+            "Waiting for approval",
+            Q(pk__in=ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
+        ),
     }
+
+
+def _effects_stand() -> Q:
+    """The run has a completed step with an effect elsewhere (its workflow's declaration says
+    which steps write): a failed run like that waits for a person to compensate or accept it."""
+    from recovery.workflow import all_workflows
+
+    cond = Q(pk__in=[])
+    for workflow in all_workflows():
+        writes = [spec.name for spec in workflow.steps if spec.writes and not spec.is_decision]
+        if writes:
+            made = StepExecution.objects.filter(run_id=OuterRef("pk"), state=StepState.SUCCEEDED, step_name__in=writes)
+            cond |= Q(workflow_name=workflow.name) & Q(Exists(made))
+    return cond
 
 
 STUCK_LABELS = {key: label for key, (label, _) in _stuck_causes(datetime.now(UTC)).items()}
@@ -220,6 +263,7 @@ RUN_LIST_FIELDS = (
     "status_reason",
     "created_at",
     "updated_at",
+    "lease_owner",
     "lease_expires_at",
     "next_wake_at",
 )

@@ -16,7 +16,7 @@ from django_htmx.http import reswap, retarget
 
 from recovery import clock
 from recovery.actions import PERMISSION_OF
-from recovery.console import selectors, services
+from recovery.console import selectors, services, why
 from recovery.engine.transitions import run_version
 from recovery.errors import InvalidTransition, NotPermitted, RunChanged
 from recovery.models import WorkflowRun
@@ -97,6 +97,7 @@ def runs_list(request: HttpRequest) -> HttpResponse:
     }
     if partial != "counts":
         runs, next_cursor = selectors.runs_page(filters, now=now)
+        why.for_page(runs, now=now)
         context.update(
             runs=runs,
             next_cursor=next_cursor,
@@ -144,10 +145,18 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         raise Http404(f"no run {workflow_id}") from None
     now = clock.now()
     pairs = services.offered(detail, request.user, now=now)
+    approvals = services.pending_approvals(detail["run"], detail["workflow"], request.user)
     detail.update(
         actions=services.available_actions(detail, request.user, now=now, pairs=pairs),
         decision_tools=services.decision_tools(detail, request.user, now=now, pairs=pairs),
-        approvals=services.pending_approvals(detail["run"], detail["workflow"], request.user),
+        approvals=approvals,
+        why=why.why_not_moving(
+            detail["run"],
+            detail["steps"],
+            now=now,
+            approvals=[a["request"] for a in approvals],
+            outbox=detail["outbox"],
+        ),
         four_eyes=services.four_eyes_labels(detail["workflow"]),
         version=run_version(detail["run"]),
         role=role_of(request.user).name.lower(),

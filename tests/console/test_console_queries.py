@@ -16,18 +16,22 @@ from django.urls import reverse
 
 from recovery import clock as engine_clock
 from recovery.console import selectors
+from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.permissions import Role, role_of
+from tests.support import receivers
 from tests.support.console import failed_run, login
+from tests.support.engine import drive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Pinned: a new query on these pages (an N+1, a repeated look-up) must be a deliberate change.
-# Session, user, the role (once), the page of runs, 10 state counts and 5 stuck counts (the other
+# Session, user, the role (once), the page of runs, the steps and the pending four-eyes requests
+# of its unfinished runs ("why is it not moving"), 10 state counts and 8 stuck counts (the other
 # two causes are states: counted once).
-RUNS_PAGE_QUERIES = 19
-RUNS_TABLE_QUERIES = 4  # an htmx refresh of the table: no counts
-COUNTS_QUERIES = 18  # an htmx refresh of the counts: no page of runs
+RUNS_PAGE_QUERIES = 24
+RUNS_TABLE_QUERIES = 6  # an htmx refresh of the table: no counts
+COUNTS_QUERIES = 21  # an htmx refresh of the counts: no page of runs
 # Session, user, role, the run, its steps, audit events, decisions, outbox, saved versions, timeline.
 RUN_PAGE_QUERIES = 10
 
@@ -55,6 +59,8 @@ def repeated(sqls: list[str]) -> list[str]:
 def test_the_runs_list_and_its_htmx_parts_issue_a_pinned_number_of_queries(clock):
     for i in range(3):
         failed_run(clock, f"q-{i}")
+    receivers.arm("ledger", "forbidden")  # a task and a message stand: stuck (stuck=any lists it)
+    drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "q-late"})[0], clock)
     viewer = login("viewer")
     url = reverse("console:runs")
 
@@ -63,8 +69,10 @@ def test_the_runs_list_and_its_htmx_parts_issue_a_pinned_number_of_queries(clock
     assert len(role_queries(page)) == 1 and repeated(page) == []
     assert not any("COUNT(" in sql.upper() and "LIMIT" not in sql.upper() for sql in page)  # every count capped
 
-    for params in ("?state=failed", "?stuck=any", f"?q={SEARCH}", "?key=order:t", "?after=1000000"):
+    for params in ("?state=failed", "?stuck=any", "?q=order:t:q-late", "?key=order:t", "?after=1000000"):
         assert len(queries_of(viewer, url + params)) == RUNS_PAGE_QUERIES, params  # search is one query too
+    # A page without a run to explain reads no steps and no requests.
+    assert len(queries_of(viewer, url + f"?q={SEARCH}")) == RUNS_PAGE_QUERIES - 2
 
     table = queries_of(viewer, url, **{"HX-Request": "true", "HX-Target": "runs-table"})
     assert len(table) == RUNS_TABLE_QUERIES and not any("COUNT(" in sql.upper() for sql in table)

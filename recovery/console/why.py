@@ -1,0 +1,180 @@
+""" "Why is this run not moving?": one sentence computed from a run's state, its steps, its
+outbox and its four-eyes requests — the same on the runs list, the run page and ``show_run``.
+
+Pure: it reads what it is given (``for_page`` loads what a page of runs needs in two queries).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from recovery.actions import ACTIONS
+from recovery.errors import ErrorKind
+from recovery.models import (
+    ApprovalRequest,
+    ApprovalState,
+    OutboxMessage,
+    OutboxState,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowRun,
+)
+from recovery.workflow import all_workflows, get_workflow
+
+UNDONE = (StepState.COMPENSATED, StepState.COMPENSATING, StepState.COMPENSATION_FAILED)
+
+
+def _at(when: datetime | None) -> str:
+    return f"{when:%H:%M:%S}" if when is not None else "—"
+
+
+def _error(step: StepExecution, limit: int = 120) -> str:
+    text = " ".join(step.last_error.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _attempt_of(run: WorkflowRun, step: StepExecution) -> str:
+    """ "attempt 3 of 6": the next attempt within the step's current budget."""
+    try:
+        maximum = get_workflow(run.workflow_name).get_step(step.step_name).retry.maximum_attempts
+    except LookupError:
+        return f"attempt {step.attempts + 1}"
+    return f"attempt {step.attempts - step.budget_start_attempt + 1} of {maximum}"
+
+
+def why_not_moving(
+    run: WorkflowRun,
+    steps: Sequence[StepExecution],
+    *,
+    now: datetime,
+    approvals: Iterable[ApprovalRequest] = (),
+    outbox: Iterable[OutboxMessage] = (),
+) -> str:
+    """One sentence: what the run waits for, or what a person must do."""
+    steps = sorted(steps, key=lambda s: s.position)
+    pending = [a for a in approvals if a.state == ApprovalState.PENDING]
+    state = run.state
+    if pending:
+        request = pending[0]
+        label = ACTIONS[request.action].label if request.action in ACTIONS else request.action
+        on = f" {request.step_name}" if request.step_name else ""
+        return f"waiting for a supervisor to approve {label}{on} (requested by {request.requested_by.get_username()})"
+    undone = [s.step_name for s in steps if s.state in UNDONE]
+    if state == RunState.COMPLETED:
+        return f"completed; {', '.join(undone)} compensated since" if undone else "completed"
+    if state == RunState.COMPENSATED:
+        return f"compensated: {run.status_reason}" if run.status_reason else "compensated"
+    if state == RunState.TERMINATED:
+        return f"terminated: {run.status_reason}"
+    if state == RunState.RUNNING:
+        if run.lease_expires_at is not None and run.lease_expires_at > now:
+            doing = f", running {run.current_step}" if run.current_step else ""
+            return f"held by executor {run.lease_owner} until {_at(run.lease_expires_at)} (lease){doing}"
+        return (
+            f"the lease of {run.lease_owner or 'its executor'} expired at {_at(run.lease_expires_at)}: "
+            "waiting for another executor to take the run over"
+        )
+    if state == RunState.PENDING:
+        return "due now: waiting for an executor to claim it"
+    if state == RunState.COMPENSATING:
+        marked = [s for s in steps if s.state == StepState.COMPENSATING]
+        names = ", ".join(s.step_name for s in reversed(marked)) or "its effects"
+        wake = f"; next attempt at {_at(run.next_wake_at)}" if run.next_wake_at and run.next_wake_at > now else ""
+        return f"compensating {names}{wake}"
+    if state == RunState.COMPENSATION_FAILED:
+        failed = next((s for s in steps if s.state == StepState.COMPENSATION_FAILED), None)
+        what = f"the compensation of {failed.step_name} failed" if failed else "a compensation failed"
+        return f"{what}: {run.status_reason}; compensate again once the cause is fixed, or terminate"
+    refused = next((s for s in steps if s.refusal), None)
+    if refused is not None and state == RunState.NEEDS_REVIEW:
+        rule = refused.refusal.get("rule", "")
+        return (
+            f"paused: policy refused {refused.step_name} ({rule}: {refused.refusal.get('message', '')}); "
+            "change the decision, or a supervisor accepts the proposal"
+        )
+    if state == RunState.WAITING:
+        return _waiting(run, steps, outbox, now)
+    if state == RunState.NEEDS_REVIEW:
+        return _review(run, steps, outbox)
+    if state == RunState.FAILED:
+        return _failed(run, steps)
+    return run.status_reason or state
+
+
+def _waiting(run: WorkflowRun, steps: list[StepExecution], outbox: Iterable[OutboxMessage], now: datetime) -> str:
+    due = next((s for s in steps if s.next_attempt_at is not None and s.state not in UNDONE), None)
+    if due is not None and due.state == StepState.UNKNOWN:
+        return f"outcome of {due.step_name} unknown: looking it up again at {_at(due.next_attempt_at)}"
+    if due is not None and due.state == StepState.FAILED:
+        kind = f"{due.last_error_kind}: " if due.last_error_kind else ""
+        return f"retrying {due.step_name} at {_at(due.next_attempt_at)} ({_attempt_of(run, due)}; {kind}{_error(due)})"
+    if due is not None and due.last_error:  # a guard could not read the state it checks
+        return f"checking {due.step_name} again at {_at(due.next_attempt_at)} ({_error(due)})"
+    waiting = [m for m in outbox if m.state == OutboxState.PENDING]
+    if waiting:
+        message = waiting[0]
+        since = f" since {_at(message.created_at)}"
+        error = f" ({message.last_error[:100]})" if message.last_error else ""
+        return f"message of {message.step_name} not delivered{since}{error}; next attempt at {_at(run.next_wake_at)}"
+    return f"{run.status_reason}; wakes at {_at(run.next_wake_at)}"
+
+
+def _review(run: WorkflowRun, steps: list[StepExecution], outbox: Iterable[OutboxMessage]) -> str:
+    unknown = next((s for s in steps if s.state == StepState.UNKNOWN), None)
+    if unknown is not None:
+        return (
+            f"outcome of {unknown.step_name} unknown: an operator must reconcile it "
+            "(look it up by key, or settle it with evidence)"
+        )
+    failed = next((s for s in steps if s.state == StepState.FAILED), None)
+    if failed is not None and failed.last_error_kind == ErrorKind.INVALID_MODEL_OUTPUT:
+        return (
+            f"paused: the model's output for {failed.step_name} did not match its schema {failed.format_failures} "
+            "times; ask the model again (retry) or change the decision"
+        )
+    if failed is not None:
+        return (
+            f"paused: {failed.step_name} failed after {failed.attempts} attempt(s) "
+            f"({failed.last_error_kind or 'error'}: {_error(failed)}); retry or resume once the cause is fixed"
+        )
+    undelivered = next((m for m in outbox if m.state == OutboxState.FAILED), None)
+    if undelivered is not None:
+        return (
+            f"paused: the message of {undelivered.step_name} was not delivered after {undelivered.attempts} "
+            f"attempt(s) ({undelivered.last_error[:100]}); resume once the messenger accepts it"
+        )
+    return f"paused for review: {run.status_reason}"
+
+
+def _failed(run: WorkflowRun, steps: list[StepExecution]) -> str:
+    failed = next((s for s in steps if s.state == StepState.FAILED), None)
+    where = f"failed at {failed.step_name} ({_error(failed)})" if failed else f"failed: {run.status_reason}"
+    made = [s.step_name for s in steps if s.state == StepState.SUCCEEDED and s.remote_ref and not _is_decision(s)]
+    if made:
+        return f"{where}; effects made by {', '.join(made)} stand: compensate them, or terminate to keep them"
+    return f"{where}; nothing was written elsewhere"
+
+
+def _is_decision(step: StepExecution) -> bool:
+    return step.remote_ref.startswith("decision v")
+
+
+def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:
+    """Set ``run.why`` on each run of a list page: their steps in one query, and their pending
+    four-eyes requests in another where a workflow has four-eyes actions (none for a page of
+    finished runs)."""
+    moving = [r.pk for r in runs if r.state not in (RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED)]
+    steps: dict[int, list[StepExecution]] = defaultdict(list)
+    approvals: dict[int, list[ApprovalRequest]] = defaultdict(list)
+    if moving:
+        for step in StepExecution.objects.filter(run_id__in=moving):
+            steps[step.run_id].append(step)
+    if moving and any(workflow.four_eyes for workflow in all_workflows()):
+        pending = ApprovalRequest.objects.filter(run_id__in=moving, state=ApprovalState.PENDING)
+        for request in pending.select_related("requested_by"):
+            approvals[request.run_id].append(request)
+    for run in runs:
+        run.why = why_not_moving(run, steps[run.pk], now=now, approvals=approvals[run.pk])
