@@ -262,4 +262,5 @@ def test_show_run_names_the_rule_and_its_values(clock, capsys):
     call_command("show_run", run.workflow_id)
     out = capsys.readouterr().out
     assert "policy refused: approver_policy: mallory may not approve 120" in out
-    assert "refused by approver_policy: amount=120, policy=alice, proposed=mallory" in out  # sorted: jsonb keeps no order
+    # Sorted: jsonb keeps no key order.
+    assert "refused by approver_policy: amount=120, policy=alice, proposed=mallory" in out
