@@ -54,6 +54,8 @@ def demo_action(data, *, actor: AbstractBaseUser) -> str:
         )
         return f"armed {data.get('mode')} on {service} {operation} for the next {times} call(s)"
     if what == "clear":
+        if data.get("confirm") != "yes":
+            raise ValueError("tick the box to clear: every fault, task, message and ledger entry goes")
         faults.clear()
         return "sandbox cleared: no faults, no tasks, messages or ledger entries"
     if what == "start":

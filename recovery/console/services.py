@@ -91,6 +91,14 @@ def offered(detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime) ->
     return transitions.offered(situation, user)
 
 
+def beyond_role(detail: dict[str, Any], pairs: list[tuple[str, str | None]], *, now: datetime) -> list[str]:
+    """What the run's state allows but this person's role does not (named, so that a page with
+    no button says why): the labels of the valid actions outside ``pairs``."""
+    situation = transitions.Situation.of(detail["run"], detail["steps"], now)
+    valid = transitions.offered(situation, None)
+    return list(dict.fromkeys(ACTIONS[name].label for name, step in valid if (name, step) not in pairs))
+
+
 def available_actions(
     detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime, pairs: list | None = None
 ) -> list[Action]:

@@ -11,16 +11,17 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.vary import vary_on_headers
-from django_htmx.http import reswap, retarget
+from django_htmx.http import HttpResponseStopPolling, reswap, retarget
 
 from recovery import clock
 from recovery.actions import PERMISSION_OF
 from recovery.console import selectors, services, why
 from recovery.engine.transitions import run_version
 from recovery.errors import InvalidTransition, NotPermitted, RunChanged
-from recovery.models import WorkflowRun
-from recovery.permissions import can, role_of
+from recovery.models import RunState, StepState, WorkflowRun
+from recovery.permissions import REQUIRED_ROLE, can, role_of
 
 
 def require_methods(*methods: str):
@@ -59,7 +60,7 @@ def permission_required(action: str):
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             if not can(request.user, action):
-                return _flash(request, f"Your role may not {action} here.", status=403)
+                return _flash(request, _not_allowed(request, action, "here"), status=403)
             return view(request, *args, **kwargs)
 
         return wrapper
@@ -67,11 +68,23 @@ def permission_required(action: str):
     return decorate
 
 
+def _not_allowed(request: HttpRequest, action: str, where: str) -> str:
+    role = role_of(request.user).name.lower()
+    needed = REQUIRED_ROLE[action].name.lower()
+    return f"Your role ({role}) may not {action} {where}: that needs the {needed} role."
+
+
 def _flash(request: HttpRequest, message: str, *, status: int, level: str = "error") -> HttpResponse:
-    response = render(request, "console/flash.html", {"message": message, "level": level}, status=status)
+    """A refusal: into the page's #flash area for htmx, else a page of the console's layout
+    with the message and a way back (never a bare fragment)."""
     if request.htmx:
-        response = reswap(retarget(response, "#flash"), "innerHTML")
-    return response
+        response = render(request, "console/flash.html", {"message": message, "level": level}, status=status)
+        return reswap(retarget(response, "#flash"), "innerHTML")
+    back = request.headers.get("Referer", "")
+    if not back or not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
+        back = reverse("console:runs")
+    context = {"message": message, "level": level, "back": back, "status": status}
+    return render(request, "console/refusal.html", context, status=status)
 
 
 # --- runs list --------------------------------------------------------------------------
@@ -145,6 +158,7 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         raise Http404(f"no run {workflow_id}") from None
     now = clock.now()
     pairs = services.offered(detail, request.user, now=now)
+    beyond = services.beyond_role(detail, pairs, now=now)
     approvals = services.pending_approvals(detail["run"], detail["workflow"], request.user)
     detail.update(
         actions=services.available_actions(detail, request.user, now=now, pairs=pairs),
@@ -160,11 +174,27 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         four_eyes=services.four_eyes_labels(detail["workflow"]),
         version=run_version(detail["run"]),
         role=role_of(request.user).name.lower(),
+        beyond_role=beyond,
+        partly_compensated=detail["run"].state == RunState.COMPLETED
+        and any(s.state == StepState.COMPENSATED for s in detail["steps"]),
         message=message,
         now=now,
+        finished=_finished(detail["run"], now),
     )
+    if request.htmx and request.GET.get("live"):
+        # The page's poll: its live parts, out of band; the actions stay as the operator left
+        # them (a note says when the run has moved on). A finished run stops the polling.
+        detail["moved"] = request.GET.get("shown") != detail["version"]
+        response = render(request, "console/run.html#run-live", detail)
+        return HttpResponseStopPolling(response.content) if detail["finished"] else response
     template = "console/run.html#run-body" if request.htmx else "console/run.html"
     return render(request, template, detail, status=status)
+
+
+def _finished(run: WorkflowRun, now) -> bool:
+    """Nothing will change the run by itself any more: no poll needed."""
+    held = bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
+    return run.state in (RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED) and not held
 
 
 @require_POST
@@ -175,7 +205,7 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
     if permission is None:
         return _flash(request, f"unknown action {action!r}", status=400)
     if not can(request.user, permission):
-        return _flash(request, f"Your role may not {permission} runs.", status=403)
+        return _flash(request, _not_allowed(request, permission, "runs"), status=403)
     try:
         message = services.apply_action(
             action=action,

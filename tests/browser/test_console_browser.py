@@ -170,3 +170,26 @@ def test_supervisor_changes_a_refused_decision_in_the_json_form_and_the_run_comp
     assert run.state == RunState.COMPLETED
     assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
     assert run.steps.get(step_name="create_task").intent["approver"] == "alice"
+
+
+def test_the_run_page_follows_the_run_without_a_reload_and_keeps_a_half_typed_reason(page_as, clock):
+    """Item 6 of the console issue: the page refreshes its live parts while the run can move;
+    the operator's half-typed reason stays; once the run is finished the polling stops."""
+    receivers.arm("task", "unavailable")
+    run = run_start(workflow="test_orders", data={"tenant": "t", "order_id": "live-1"})[0]
+    from recovery.engine.executor import advance
+
+    advance(run.pk)  # waiting to retry create_task
+    page = page_as("supervisor")
+    page.goto(f"{page.url}runs/{run.workflow_id}")
+    assert "Retrying" in page.locator('[data-step="create_task"]').inner_text()
+    reason = page.locator("form.action", has=page.locator('[data-action="terminate"]')).locator("input[name=reason]")
+    reason.fill("half-typed")
+
+    drive(run, clock)  # the executor finishes the run meanwhile
+    page.locator("#run-head .state-completed").wait_for(timeout=30_000)
+    assert page.locator('[data-step="post_entry"] .step-succeeded').count() == 1
+    assert reason.input_value() == "half-typed"
+    assert "has changed since the page was loaded" in page.locator("#actions-note").inner_text()
+    page.wait_for_function("() => !document.querySelector('#run-poll[hx-trigger]')", timeout=30_000)
+    shot(page, "run-live-completed")

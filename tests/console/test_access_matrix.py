@@ -199,7 +199,7 @@ MATRIX: list[Row] = [
         Console(Role.SUPERVISOR),
         {**READ, "POST": 200},
         url=lambda w: "/demo",
-        body=lambda w: {"what": "clear"},
+        body=lambda w: {"what": "clear", "confirm": "yes"},
         changes=True,
     ),
     Row(

@@ -79,8 +79,8 @@ def plant(clock, monkeypatch) -> Planted:
     run_terminate(workflow_id=run.workflow_id, actor=user, reason=status_reason)
 
     # Only a remote system (or a crash) writes these: rows as the transitions would leave them.
-    last_error = tagged(ALL, "last_error")
-    StepExecution.objects.filter(run=run, step_name="create_task").update(
+    last_error = tagged(ALL, "last_error")  # on a step that has not succeeded: its error is shown
+    StepExecution.objects.filter(run=run, step_name="post_entry").update(
         last_error_kind="permanent", last_error=last_error
     )
     compensation_ref = tagged(SVG + JS_URL, "compensation_ref")
@@ -127,8 +127,8 @@ def plant(clock, monkeypatch) -> Planted:
         actor=actor,
         on_run_page={
             "actor": actor,
-            "input_text": repr(text),  # in the pprint of the steps' intents
-            "approver": repr(approver),
+            "input_text": _json(text),  # in the steps' intents, as JSON
+            "approver": _json(approver),
             "invalid_output": invalid,
             "remote_ref": remote_ref,
             "audit_reason": resolve_reason,
@@ -145,9 +145,10 @@ def plant(clock, monkeypatch) -> Planted:
 
 
 def _json(text: str) -> str:
+    """A string as the console prints JSON (the pretty_json filter: non-ASCII kept)."""
     import json
 
-    return json.dumps(text)
+    return json.dumps(text, ensure_ascii=False)
 
 
 def assert_escaped(html: str, values: dict[str, str] | list[str]) -> None:
