@@ -1,8 +1,9 @@
 """Who may do what in the console. Checked on the server for every action, whatever the page
 showed: a viewer reads; an operator also resumes, reconciles and retries; a supervisor also
-terminates, changes or asks again for a model's decision, accepts a proposal a guard refused,
-and acts in bulk. Compensating needs at least an operator, and the role each compensation
-names (``@step.compensate(who=…)``). Superusers are supervisors."""
+terminates, changes or asks again for a model's decision and accepts a proposal a guard
+refused. Bulk applies an action to many runs for whoever may do that action. Compensating
+needs at least an operator, and the role each compensation names (``@step.compensate(who=…)``).
+Superusers are supervisors."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ REQUIRED_ROLE: dict[str, Role] = {
     "supersede": Role.SUPERVISOR,  # replace a model's decision (edited, or asked again)
     "override": Role.SUPERVISOR,  # accept a proposal a guard refused
     "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.engine.transitions.approval_grant)
-    "bulk": Role.SUPERVISOR,
+    "bulk": Role.OPERATOR,  # the bulk form; each action then needs its own role (terminate: a supervisor)
     "sandbox": Role.SUPERVISOR,
 }
 

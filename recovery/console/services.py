@@ -192,21 +192,24 @@ BULK_LIMIT = 500
 @dataclass
 class BulkResult:
     action: str
-    done: list[str] = field(default_factory=list)
+    done: list[str] = field(default_factory=list)  # applied (a dry run: would apply)
     refused: list[tuple[str, str]] = field(default_factory=list)
+    applied: bool = True  # False for a dry run
+    reason: str = ""
+
+    @property
+    def selected(self) -> int:
+        return len(self.done) + len(self.refused)
 
 
-def bulk_apply(
-    *,
-    action: str,
-    reason: str,
-    workflow_ids: list[str],
-    all_matching: bool,
-    filters: selectors.RunFilters,
-    actor: AbstractBaseUser,
-) -> BulkResult:
-    """Apply one action with one reason to many runs, each in its own transition (and audit
-    event). Runs where it is not valid are listed back, untouched."""
+def bulk_choices(user: AbstractBaseUser) -> list[tuple[str, str]]:
+    """The bulk form's actions (recovery.actions), those this user's role may do."""
+    return [(name, ACTIONS[name].label.capitalize()) for name in BULK_ACTIONS if can(user, ACTIONS[name].permission)]
+
+
+def bulk_selection(*, action: str, reason: str, workflow_ids: list[str], all_matching: bool, filters) -> tuple:
+    """The checked request of a bulk action: (action, reason, the run ids it is about). "All
+    matching" becomes the list of ids it means now, so that what is confirmed is what was shown."""
     if action not in BULK_ACTIONS:
         raise ValueError(f"bulk action must be one of {', '.join(BULK_ACTIONS)}")
     try:
@@ -224,7 +227,44 @@ def bulk_apply(
     unaddressable = next((w for w in workflow_ids if any(c < " " or c == "\x7f" for c in w)), None)
     if unaddressable is not None:
         raise ValueError(f"a run id cannot contain a line break or another control character: {unaddressable!r}")
-    result = BulkResult(action=action)
+    return action, reason, workflow_ids
+
+
+def bulk_preview(*, action: str, reason: str, workflow_ids: list[str], actor: AbstractBaseUser) -> BulkResult:
+    """The dry run: for each run, whether the action would apply now and, if not, why (the
+    transitions' own judgement, transitions.why_not). Three queries whatever the number of runs;
+    nothing is written."""
+    now = clock.now()
+    runs = {r.workflow_id: r for r in WorkflowRun.objects.filter(workflow_id__in=workflow_ids)}
+    steps: dict[int, list[StepExecution]] = {}
+    for step in StepExecution.objects.filter(run_id__in=[r.pk for r in runs.values()]):
+        steps.setdefault(step.run_id, []).append(step)
+    result = BulkResult(action=action, applied=False, reason=reason)
+    for workflow_id in workflow_ids:
+        run = runs.get(workflow_id)
+        if run is None:
+            result.refused.append((workflow_id, f"no run {workflow_id!r}"))
+            continue
+        situation = transitions.Situation.of(run, steps.get(run.pk, []), now)
+        try:
+            step = _blocked(situation) if ACTIONS[action].step == StepArg.REQUIRED else None
+        except InvalidTransition as exc:
+            result.refused.append((workflow_id, str(exc)))
+            continue
+        refused = transitions.why_not(action, situation, step_name=step, actor=actor)
+        if refused is None and transitions.needs_approval(run, action):
+            refused = InvalidTransition(f"{action} on {run.workflow_name} runs needs a second supervisor's approval")
+        if refused is None:
+            result.done.append(workflow_id)
+        else:
+            result.refused.append((workflow_id, str(refused)))
+    return result
+
+
+def bulk_apply(*, action: str, reason: str, workflow_ids: list[str], actor: AbstractBaseUser) -> BulkResult:
+    """Apply one action with one reason to many runs, each in its own transition (and audit
+    event). Runs where it is not valid (any more) are listed back, untouched."""
+    result = BulkResult(action=action, reason=reason)
     for workflow_id in workflow_ids:
         try:
             step = _blocked_step(workflow_id) if ACTIONS[action].step == StepArg.REQUIRED else None
@@ -235,17 +275,17 @@ def bulk_apply(
     return result
 
 
-def _blocked_step(workflow_id: str) -> str:
-    step = (
-        WorkflowRun.objects.get(workflow_id=workflow_id)
-        .steps.filter(state__in=[StepState.FAILED, StepState.UNKNOWN])
-        .order_by("position")
-        .values_list("step_name", flat=True)
-        .first()
-    )
+def _blocked(situation) -> str:
+    """The step a bulk retry retries: the run's first failed or unknown step."""
+    step = next((s for s in situation.steps if situation.state_of(s) in (StepState.FAILED, StepState.UNKNOWN)), None)
     if step is None:
         raise InvalidTransition("no failed or unknown step to retry")
-    return step
+    return step.step_name
+
+
+def _blocked_step(workflow_id: str) -> str:
+    run = WorkflowRun.objects.get(workflow_id=workflow_id)
+    return _blocked(transitions.Situation.of(run, run.steps.all(), clock.now()))
 
 
 # --- dashboard -----------------------------------------------------------------------

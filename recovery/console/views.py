@@ -106,6 +106,9 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         "ages": list(selectors.AGES),
         "states": WorkflowRun._meta.get_field("state").choices,
         "can_bulk": can(request.user, "bulk"),
+        "bulk_actions": services.bulk_choices(request.user),
+        "selected": set(request.GET.getlist("run")),
+        "select_page": request.GET.get("select") == "page",
         "now": now,
     }
     if partial != "counts":
@@ -126,18 +129,25 @@ def runs_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 @permission_required("bulk")
 def bulk_action(request: HttpRequest) -> HttpResponse:
+    """A dry run first (how many runs, which would change, which are refused and why); the
+    action applies only when that page's form comes back confirmed, to the runs it listed."""
     filters = selectors.RunFilters.from_params(request.POST)
     try:
-        result = services.bulk_apply(
+        action, reason, workflow_ids = services.bulk_selection(
             action=request.POST.get("action", ""),
             reason=request.POST.get("reason", ""),
             workflow_ids=request.POST.getlist("run"),
             all_matching=request.POST.get("all_matching") == "1",
             filters=filters,
-            actor=request.user,
         )
     except ValueError as exc:
         return _flash(request, str(exc), status=400)
+    if not can(request.user, PERMISSION_OF[action]):
+        return _flash(request, _not_allowed(request, PERMISSION_OF[action], "runs"), status=403)
+    if request.POST.get("confirm") == "yes":
+        result = services.bulk_apply(action=action, reason=reason, workflow_ids=workflow_ids, actor=request.user)
+    else:
+        result = services.bulk_preview(action=action, reason=reason, workflow_ids=workflow_ids, actor=request.user)
     return render(request, "console/bulk_result.html", {"result": result, "back": filters.query()})
 
 

@@ -119,7 +119,12 @@ def test_supervisor_bulk_resumes_three_runs_with_one_reason(page_as, clock):
         page.locator(f'input[name=run][value="{run.workflow_id}"]').check()
     page.locator("select[name=action]").select_option("resume")
     page.locator("input[name=reason][placeholder^='reason (recorded']").fill("tracker restored")
-    page.get_by_role("button", name="Apply").click()
+    page.get_by_role("button", name="Check first (dry run)").click()
+    page.wait_for_selector("[data-dry-run]")
+    assert "3 of 3 selected runs would be changed" in page.locator("[data-dry-run]").inner_text()
+    assert AuditEvent.objects.filter(action="resume").count() == 0
+    shot(page, "bulk-dry-run")
+    page.locator("[data-action=confirm-bulk]").click()
     page.wait_for_selector("text=3 runs changed")
     shot(page, "bulk-result")
     assert AuditEvent.objects.filter(action="resume", reason="tracker restored").count() == 3

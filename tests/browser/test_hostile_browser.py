@@ -126,8 +126,8 @@ def test_the_console_and_the_admin_work_under_the_policy_without_a_violation(bro
     page.get_by_role("button", name="Arm").click()
     page.wait_for_selector("text=armed")
     w.goto("/")
-    page.get_by_role("button", name="Refresh").click()
-    page.wait_for_timeout(300)
+    page.get_by_role("button", name="Select every run on this page").click()  # an htmx swap of the table
+    page.wait_for_function("() => [...document.querySelectorAll('input[name=run]')].every((b) => b.checked)")
     assert w.violations() == []
     assert htmx_loaded(page)
     assert w.policies and all(p and p.startswith(POLICY_START) for p in w.policies.values()), w.policies
@@ -208,9 +208,13 @@ def test_hostile_text_is_shown_as_text_and_never_runs(browser, live_server, cloc
     )
     page.locator("select[name=action]").select_option("retry")
     page.locator("input[name=reason][placeholder^='reason (recorded']").fill(hostile.ALL)
-    page.get_by_role("button", name="Apply").click()
-    page.wait_for_selector("text=Left untouched")
+    page.get_by_role("button", name="Check first (dry run)").click()
+    page.wait_for_selector("text=Would be left untouched")
     check(None, ["nope:" + hostile.ALL, planted.hostile_id.workflow_id])
+    assert AuditEvent.objects.filter(action="retry", reason=hostile.ALL).count() == 0
+    page.locator("[data-action=confirm-bulk]").click()
+    page.wait_for_selector("text=1 run changed")
+    check(None, [planted.hostile_id.workflow_id])
     assert AuditEvent.objects.filter(action="retry", reason=hostile.ALL).count() == 1
 
     # Flash messages swapped in by htmx: an unknown action and an unknown step, both echoed.

@@ -2,6 +2,9 @@
 audited with the operator and a reason, and goes through the same transitions as the
 executor."""
 
+import html
+import re
+
 import pytest
 from django.db import connection
 from django.test import Client
@@ -119,28 +122,53 @@ def test_without_javascript_an_action_redirects_back_to_the_run(clock):
     assert response.status_code == 302 and response["Location"] == reverse("console:run", args=[run.workflow_id])
 
 
-def test_bulk_resume_applies_to_each_run_and_lists_the_ones_it_could_not_touch(clock):
+def confirm(client, preview) -> object:
+    """Post the dry run page's confirmation form as it is."""
+    form = preview.text.split('class="bulk-confirm"')[1].split("</form>")[0]
+    fields = re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', form)
+    data: dict[str, list[str]] = {}
+    for name, value in fields:
+        data.setdefault(name, []).append(html.unescape(value))
+    return client.post(reverse("console:bulk"), data)
+
+
+def test_bulk_resume_shows_a_dry_run_then_applies_to_each_run_and_lists_the_ones_it_could_not_touch(clock):
     runs = [failed_run(clock, f"bulk-{i}") for i in range(3)]
     done = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "done"})[0], clock)
-    supervisor = login("supervisor")
+    operator = login("operator")
     ids = [r.workflow_id for r in runs] + [done.workflow_id]
-    response = supervisor.post(reverse("console:bulk"), {"action": "resume", "reason": "tracker back", "run": ids})
-    assert response.status_code == 200
-    assert "3 runs changed" in response.text and "a finished run cannot be resumed" in response.text
+    events = AuditEvent.objects.count()
+    preview = operator.post(reverse("console:bulk"), {"action": "resume", "reason": "tracker back", "run": ids})
+    assert preview.status_code == 200
+    assert "Dry run: nothing has changed yet. <b>3</b> of 4 selected runs would be changed" in preview.text
+    assert "a finished run cannot be resumed" in preview.text
+    assert AuditEvent.objects.count() == events  # a dry run writes nothing
+
+    response = confirm(operator, preview)
+    assert "3 runs changed" in response.text
     assert AuditEvent.objects.filter(action="resume", reason="tracker back").count() == 3
     assert set(WorkflowRun.objects.filter(pk__in=[r.pk for r in runs]).values_list("state", flat=True)) == {"pending"}
-    forged = login("operator").post(reverse("console:bulk"), {"action": "resume", "reason": "x", "run": ids})
+    assert WorkflowRun.objects.get(pk=done.pk).state == RunState.COMPLETED
+    forged = login("viewer").post(reverse("console:bulk"), {"action": "resume", "reason": "x", "run": ids})
     assert forged.status_code == 403
+    terminate = {"action": "terminate", "reason": "x", "run": ids, "confirm": "yes"}
+    assert operator.post(reverse("console:bulk"), terminate).status_code == 403  # terminate is a supervisor's
+    assert AuditEvent.objects.filter(action="terminate").count() == 0
 
 
-def test_bulk_on_all_runs_matching_the_filter(clock):
+def test_bulk_on_all_runs_matching_the_filter_confirms_exactly_the_runs_it_showed(clock):
     for i in range(3):
         failed_run(clock, f"f-{i}")
-    response = login("supervisor").post(
+    supervisor = login("supervisor")
+    preview = supervisor.post(
         reverse("console:bulk"), {"action": "terminate", "reason": "bad batch", "all_matching": "1", "state": "failed"}
     )
+    assert "<b>3</b> of 3 selected runs would be changed" in preview.text
+    failed_run(clock, "f-late")  # fails after the dry run: not in what was confirmed
+    response = confirm(supervisor, preview)
     assert "3 runs changed" in response.text
     assert WorkflowRun.objects.filter(state=RunState.TERMINATED).count() == 3
+    assert WorkflowRun.objects.get(workflow_id="order:t:f-late").state == RunState.FAILED
 
 
 def test_filters_search_and_keyset_pages_with_a_constant_number_of_queries(clock, monkeypatch):
@@ -196,3 +224,21 @@ def test_bulk_with_a_run_id_holding_a_line_break_is_400_with_a_message_and_chang
     response = supervisor.post(reverse("console:bulk"), data, headers={"HX-Request": "true"})
     assert response.status_code == 400 and "line break" in response.text
     assert AuditEvent.objects.count() == before and WorkflowRun.objects.get(pk=run.pk).state == run.state
+
+
+def test_the_runs_table_keeps_the_selection_across_its_refreshes(clock):
+    runs = [failed_run(clock, f"sel-{i}") for i in range(3)]
+    operator = login("operator")
+    refresh = {"HX-Request": "true", "HX-Target": "runs-table"}
+    table = operator.get(reverse("console:runs"), {"run": runs[1].workflow_id}, headers=refresh).text
+    checked = re.findall(r'name="run" value="([^"]+)"[^>]*checked', table)
+    assert checked == [runs[1].workflow_id]
+    everything = operator.get(reverse("console:runs"), {"select": "page"}, headers=refresh).text
+    assert sorted(re.findall(r'name="run" value="([^"]+)"[^>]*checked', everything)) == sorted(
+        r.workflow_id for r in runs
+    )
+    assert 'hx-include="#runs-table input[name=run]:checked"' in table and 'hx-trigger="every 15s"' in table
+    options = re.findall(
+        r'<option value="(\w+)">', operator.get(reverse("console:runs")).text.split('id="bulk-actions"')[1]
+    )
+    assert options == ["resume", "retry"]  # terminate is a supervisor's

@@ -206,10 +206,12 @@ def test_bulk_on_all_runs_matching_a_search_is_not_limited_to_a_page(clock):
     filters = selectors.RunFilters(q=SEARCH, state=RunState.FAILED)
     expected = set(reference(filters))
     assert len(expected) > 0
-    response = login("supervisor").post(
-        reverse("console:bulk"),
-        {"action": "terminate", "reason": "bad batch", "all_matching": "1", "q": SEARCH, "state": "failed"},
-    )
+    supervisor = login("supervisor")
+    data = {"action": "terminate", "reason": "bad batch", "all_matching": "1", "q": SEARCH, "state": "failed"}
+    preview = supervisor.post(reverse("console:bulk"), data)
+    assert f"<b>{len(expected)}</b> of {len(expected)} selected runs would be changed" in preview.text
+    assert not WorkflowRun.objects.filter(state=RunState.TERMINATED).exists()
+    response = supervisor.post(reverse("console:bulk"), {**data, "confirm": "yes"})
     assert response.status_code == 200 and f"{len(expected)} runs changed" in response.text
     assert set(WorkflowRun.objects.filter(state=RunState.TERMINATED).values_list("pk", flat=True)) == expected
 

@@ -143,10 +143,17 @@ def test_hostile_text_on_the_bulk_result_flash_messages_and_the_demo_page_is_esc
     planted = hostile.plant(clock, monkeypatch)
     supervisor = login("supervisor")
     missing = "order:t:" + hostile.ALL + "missing"
-    result = supervisor.post(
-        reverse("console:bulk"),
-        {"action": "retry", "reason": hostile.ALL, "run": [planted.hostile_id.workflow_id, missing], "q": hostile.IMG},
-    )
+    data = {
+        "action": "retry",
+        "reason": hostile.ALL,
+        "run": [planted.hostile_id.workflow_id, missing],
+        "q": hostile.IMG,
+    }
+    preview = supervisor.post(reverse("console:bulk"), data)
+    assert preview.status_code == 200
+    hostile.assert_escaped(preview.text, [missing, planted.hostile_id.workflow_id, hostile.ALL])
+    assert AuditEvent.objects.filter(action="retry", reason=hostile.ALL).count() == 0
+    result = supervisor.post(reverse("console:bulk"), {**data, "confirm": "yes"})
     assert result.status_code == 200
     hostile.assert_escaped(result.text, [missing, planted.hostile_id.workflow_id])
     assert AuditEvent.objects.filter(action="retry", reason=hostile.ALL).count() == 1

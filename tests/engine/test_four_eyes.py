@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.test import Client
 from django.urls import reverse
 
-from recovery.console import selectors, services
+from recovery.console import services
 from recovery.engine.audit import chain as audit_chain
 from recovery.engine.transitions import (
     approval_grant,
@@ -223,14 +223,12 @@ def test_bulk_terminate_never_bypasses_four_eyes(clock, people):
     receivers.arm("task", "forbidden")
     plain = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "bulk-p"})[0], clock)
     assert plain.state == RunState.FAILED
-    result = services.bulk_apply(
-        action="terminate",
-        reason="clean up",
-        workflow_ids=[guarded.workflow_id, plain.workflow_id],
-        all_matching=False,
-        filters=selectors.RunFilters.from_params({}),
-        actor=people["alice"],
-    )
+    ids = [guarded.workflow_id, plain.workflow_id]
+    preview = services.bulk_preview(action="terminate", reason="clean up", workflow_ids=ids, actor=people["alice"])
+    assert preview.done == [plain.workflow_id]  # the dry run says so before anything is tried
+    assert [w for w, _ in preview.refused] == [guarded.workflow_id] and "second supervisor" in preview.refused[0][1]
+    # Even confirmed with both (a forged confirmation), the guarded run is refused.
+    result = services.bulk_apply(action="terminate", reason="clean up", workflow_ids=ids, actor=people["alice"])
     assert result.done == [plain.workflow_id]
     assert [w for w, _ in result.refused] == [guarded.workflow_id] and "second supervisor" in result.refused[0][1]
     assert WorkflowRun.objects.get(pk=guarded.pk).state == RunState.FAILED
