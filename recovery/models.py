@@ -86,6 +86,18 @@ class WorkflowRun(models.Model):
         return self.workflow_id.split(":", 1)[1] if ":" in self.workflow_id else self.workflow_id
 
 
+class RunSearch(models.Model):
+    """A run's workflow id, for the console's substring search (migration 0019): written once, by
+    a database trigger, when the run is inserted — so that the run's own row, rewritten by every
+    checkpoint, carries no trigram index (pg_trgm's GIN on PostgreSQL is on this table)."""
+
+    run = models.OneToOneField(WorkflowRun, on_delete=models.CASCADE, primary_key=True, related_name="+")
+    workflow_id = models.CharField(max_length=255)
+
+    class Meta:
+        db_table = "recovery_runsearch"
+
+
 class StepExecution(models.Model):
     # Indexed by one_execution_per_step (run, step_name): every index here is written again
     # by each checkpoint (a step's state changes, so its updates are never HOT).

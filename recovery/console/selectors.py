@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,6 +18,7 @@ from recovery.models import (
     DecisionState,
     OutboxMessage,
     OutboxState,
+    RunSearch,
     RunState,
     StepExecution,
     StepState,
@@ -148,7 +150,7 @@ class RunFilters:
     state: str = ""
     workflow: str = ""
     stuck: str = ""  # a cause from STUCK_LABELS, or "any"
-    q: str = ""  # a workflow id (or its beginning), an idempotency key or a remote reference
+    q: str = ""  # a part of a workflow id, business key or remote reference; the beginning of a key
     key: str = ""  # business key: the beginning of the workflow id, e.g. "invoice:tenant-42"
     age: str = ""  # created more than this long ago (AGES)
     after: int | None = None  # keyset cursor: the last run id of the previous page
@@ -177,6 +179,24 @@ class RunFilters:
         unless given)."""
         values = {**asdict(self), "after": None, **changes}
         return urlencode({k: v for k, v in values.items() if v not in ("", None)})
+
+    def describe(self) -> str:
+        """The filters other than the search, in words ("that are failed, of invoice, older
+        than 24h"), for a page that found nothing; "" when there are none."""
+        parts = []
+        if self.state:
+            parts.append(f"that are {RunState(self.state).label.lower()}")
+        if self.stuck:
+            parts.append("stuck" if self.stuck == "any" else f"stuck: {STUCK_LABELS[self.stuck].lower()}")
+        if self.workflow:
+            parts.append(f"of {self.workflow}")
+        if self.key:
+            parts.append(f"whose business key begins {self.key}")
+        if self.age:
+            parts.append(f"older than {self.age}")
+        if self.after is not None:
+            parts.append("on this page")
+        return ", ".join(parts)
 
     def query_items(self) -> list[tuple[str, str]]:
         """The filters (without the cursor) as form fields, so a POST keeps them."""
@@ -207,12 +227,28 @@ class RunFilters:
         return qs
 
     def _search_branches(self, qs) -> list:
-        """``qs`` narrowed to each way a run matches the search: its workflow id begins with
-        ``q``, or one of its steps has ``q`` as idempotency key or remote reference. Kept apart
-        (never OR-ed in one WHERE): each branch has its own index, whereas the OR makes the
-        database walk every run newest first looking for the few that match."""
-        by_step = StepExecution.objects.filter(Q(idempotency_key=self.q) | Q(remote_ref=self.q)).values("run_id")
-        return [qs.filter(workflow_id__startswith=self.q), qs.filter(pk__in=by_step)]
+        """``qs`` narrowed to each way a run matches the search, case-insensitively: ``q`` is in
+        its workflow id (and so its business key), or in one of its steps' remote references or
+        compensation references, or begins one of its steps' idempotency keys (the workflow id is
+        searched in RunSearch, written once per run). Kept apart (never OR-ed in one WHERE with
+        the runs): each branch has its own index (pg_trgm on PostgreSQL, migration 0019),
+        whereas the OR makes the database walk every run newest first looking for the few that
+        match."""
+        q = self.q
+        # "<> ''" lets PostgreSQL use the partial indexes (a step with no reference has no entry).
+        by_ref = (
+            Q(idempotency_key=q)
+            | (Q(remote_ref__icontains=q) & ~Q(remote_ref=""))
+            | (Q(compensation_ref__icontains=q) & ~Q(compensation_ref=""))
+        )
+        key = q.lower()
+        if _HEX.fullmatch(key):
+            # Keys are lowercase hex: those beginning with ``key`` lie in [key, key + "g"), a
+            # range of the keys' unique index.
+            by_ref |= Q(idempotency_key__gte=key, idempotency_key__lt=key + "g")
+        by_step = StepExecution.objects.filter(by_ref).values("run_id")
+        by_id = RunSearch.objects.filter(workflow_id__icontains=q).values("run_id")
+        return [qs.filter(pk__in=by_id), qs.filter(pk__in=by_step)]
 
     def queryset(self, now: datetime):
         """Every matching run, unordered and unlimited (for a page or a bulk action, use
@@ -240,6 +276,8 @@ class RunFilters:
         ]
         return WorkflowRun.objects.filter(pk__in=limited[0].union(*limited[1:])).order_by("-pk")[:limit]
 
+
+_HEX = re.compile(r"[0-9a-f]{1,64}")
 
 MAX_CURSOR = 2**63 - 1  # a run id is a 64-bit integer
 
@@ -386,13 +424,16 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
 
 
 def timeline(run: WorkflowRun, steps: list[StepExecution]) -> dict[str, Any]:
-    """The attempts of each step over time, as positions for a small SVG (no JavaScript): the
-    newest TIMELINE_POINTS attempt events at most (``truncated`` says when there were more; the
-    axis then starts at the oldest one shown rather than at the run's creation)."""
+    """The attempts of each step and the operators' actions over time, as positions for a small
+    SVG (no JavaScript), and the same events as a list (keyboard and screen reader). The newest
+    TIMELINE_POINTS events at most (``truncated`` says when there were more; the axis then starts
+    at the oldest one shown rather than at the run's creation). Long quiet gaps are compressed
+    to a fixed width and labelled with their length, so seconds stay readable in a run that
+    spans hours; ticks mark the start, the end and the time after each gap."""
     newest = list(
-        run.audit_events.filter(action__in=TIMELINE_ACTIONS)
+        run.audit_events.filter(Q(action__in=TIMELINE_ACTIONS) | Q(actor_user__isnull=False))
         .order_by("-at", "-id")
-        .values("at", "action", "step_name")[: TIMELINE_POINTS + 1]
+        .values("at", "action", "step_name", "actor", "actor_user_id")[: TIMELINE_POINTS + 1]
     )
     truncated = len(newest) > TIMELINE_POINTS
     events = newest[:TIMELINE_POINTS][::-1]
@@ -400,29 +441,104 @@ def timeline(run: WorkflowRun, steps: list[StepExecution]) -> dict[str, Any]:
     width, lane_height, left = 640, 22, 170
     start = events[0]["at"] if truncated else run.created_at
     end = max([e["at"] for e in events] + [start])
-    span = max((end - start).total_seconds(), 1.0)
-    marks = []
+    scale = _TimeScale([start, *(e["at"] for e in events)], left + 8, width - 8)
+    bottom = len(steps) * lane_height
+    marks, operators, listed = [], [], []
     for e in events:
+        when = f"{e['at']:%Y-%m-%d %H:%M:%S}"
+        if e["actor_user_id"] is not None:
+            x = scale.x(e["at"])
+            on = f" {e['step_name']}" if e["step_name"] else ""
+            operators.append({"x": x, "title": f"{when} {e['actor']}: {e['action']}{on}", "actor": e["actor"]})
+            listed.append({"at": e["at"], "what": f"{e['action']}{on}", "who": e["actor"], "kind": "operator"})
+            continue
         if e["step_name"] not in lanes:
             continue
-        x = left + 8 + (width - left - 16) * ((e["at"] - start).total_seconds() / span)
+        kind = TIMELINE_ACTIONS[e["action"]]
         marks.append(
             {
-                "x": round(x, 1),
+                "x": scale.x(e["at"]),
                 "y": lanes[e["step_name"]] * lane_height + lane_height // 2 + 4,
-                "kind": TIMELINE_ACTIONS[e["action"]],
-                "title": f"{e['at']:%Y-%m-%d %H:%M:%S} {e['step_name']}: {e['action']}",
+                "kind": kind,
+                "title": f"{when} {e['step_name']}: {e['action']}",
             }
         )
+        listed.append({"at": e["at"], "what": f"{e['step_name']}: {e['action']}", "who": e["actor"], "kind": kind})
     return {
         "width": width,
-        "height": len(steps) * lane_height + 24,
+        "height": bottom + 40,
         "left": left,
         "lanes": [{"name": s.step_name, "y": i * lane_height + lane_height // 2 + 8} for i, s in enumerate(steps)],
         "marks": marks,
+        "operators": operators,
+        "bottom": bottom,
+        "gaps": scale.gaps(bottom),
+        "ticks": scale.ticks(),
+        "events": listed,
         "truncated": truncated,
         "points": TIMELINE_POINTS,
         "start": start,
         "end": end,
-        "axis_y": len(steps) * lane_height + 16,
+        "axis_y": bottom + 16,
+        "label_y": bottom + 30,
     }
+
+
+class _TimeScale:
+    """Time to x: linear, except that a quiet gap longer than a tenth of the whole span (and
+    than five seconds) is drawn GAP pixels wide whatever its length."""
+
+    GAP = 26
+    MIN_TICK_SPACING = 70
+
+    def __init__(self, times: list[datetime], x0: float, x1: float) -> None:
+        self.times = sorted(set(times))
+        self.x0, self.x1 = x0, x1
+        span = (self.times[-1] - self.times[0]).total_seconds() if len(self.times) > 1 else 0.0
+        self.limit = max(span / 10, 5.0)
+        pairs = list(zip(self.times, self.times[1:], strict=False))
+        self.long = [(a, b) for a, b in pairs if (b - a).total_seconds() > self.limit]
+        short = sum((b - a).total_seconds() for a, b in pairs if (b - a).total_seconds() <= self.limit)
+        room = max((x1 - x0) - self.GAP * len(self.long), 10.0)
+        self.per_second = room / short if short > 0 else 0.0
+        self.even = room / max(len(pairs), 1) if short == 0 else 0.0
+        self.positions: dict[datetime, float] = {}
+        x = x0
+        for i, t in enumerate(self.times):
+            if i:
+                gap = (t - self.times[i - 1]).total_seconds()
+                x += self.GAP if gap > self.limit else (gap * self.per_second or self.even)
+            self.positions[t] = x
+
+    def x(self, t: datetime) -> float:
+        return round(self.positions.get(t, self.x0), 1)
+
+    def gaps(self, bottom: int) -> list[dict[str, Any]]:
+        return [
+            {"x": round((self.x(a) + self.x(b)) / 2, 1), "label": f"+{_duration((b - a).total_seconds())}"}
+            for a, b in self.long
+        ]
+
+    def ticks(self) -> list[dict[str, Any]]:
+        """The start, the end, and the time after each compressed gap, where they fit: the start
+        always; the end instead of a tick too close to it (but never instead of the start)."""
+        wanted = [*(b for _, b in self.long), self.times[-1]]
+        ticks: list[dict[str, Any]] = [{"x": self.x(self.times[0]), "label": f"{self.times[0]:%H:%M:%S}"}]
+        for t in dict.fromkeys(wanted):
+            x = self.x(t)
+            if x - ticks[-1]["x"] < self.MIN_TICK_SPACING:
+                if t != self.times[-1] or len(ticks) == 1:
+                    continue
+                ticks.pop()
+            ticks.append({"x": x, "label": f"{t:%H:%M:%S}"})
+        return ticks
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    minutes = seconds / 60
+    if minutes < 120:
+        return f"{minutes:.0f} min"
+    hours, rest = divmod(int(minutes), 60)
+    return f"{hours} h {rest} min" if rest else f"{hours} h"

@@ -116,6 +116,8 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         why.for_page(runs, now=now)
         context.update(
             runs=runs,
+            narrowed=filters.describe(),
+            widen=selectors.RunFilters(q=filters.q).query() if filters.q and filters.describe() else "",
             next_cursor=next_cursor,
             next_query=filters.query(after=next_cursor) if next_cursor else "",
             first_query=filters.query(),

@@ -2,6 +2,8 @@
 merges its branches without changing what it finds, and the run page shows a bounded amount of
 history whatever the run's length."""
 
+import hashlib
+import re
 from datetime import timedelta
 from urllib.parse import quote
 
@@ -162,10 +164,12 @@ def make_runs() -> None:
 def reference(filters: selectors.RunFilters) -> list[int]:
     """What the search matched before it was split: the OR of its ways, newest first."""
     qs = filters._narrowed(engine_clock.now())
-    by_step = StepExecution.objects.filter(Q(idempotency_key=filters.q) | Q(remote_ref=filters.q)).values("run_id")
-    return list(
-        qs.filter(Q(workflow_id__startswith=filters.q) | Q(pk__in=by_step)).order_by("-pk").values_list("pk", flat=True)
-    )
+    q = filters.q
+    hex_prefix = Q(idempotency_key__startswith=q.lower()) if re.fullmatch(r"[0-9a-fA-F]+", q) else Q(pk__in=[])
+    by_step = StepExecution.objects.filter(
+        Q(idempotency_key=q) | hex_prefix | Q(remote_ref__icontains=q) | Q(compensation_ref__icontains=q)
+    ).values("run_id")
+    return list(qs.filter(Q(workflow_id__icontains=q) | Q(pk__in=by_step)).order_by("-pk").values_list("pk", flat=True))
 
 
 def paged(client: Client, params: str) -> list[int]:
@@ -263,7 +267,7 @@ def test_the_run_page_shows_the_latest_events_versions_and_attempts_and_links_th
     timeline = context["timeline"]
     assert len(timeline["marks"]) == selectors.TIMELINE_POINTS and timeline["truncated"]
     assert page.text.count('class="mark ') == selectors.TIMELINE_POINTS
-    assert "The latest 100 attempt events" in page.text
+    assert "The latest 100 events" in page.text
     xs = [m["x"] for m in timeline["marks"]]
     assert xs == sorted(xs) and xs[0] == timeline["left"] + 8  # oldest shown at the start of the axis
     assert timeline["end"] == run.audit_events.order_by("-at").first().at
@@ -277,3 +281,25 @@ def test_a_short_run_shows_its_whole_history_and_timeline(clock):
     assert len(context["audit"]) == run.audit_events.count()
     assert not context["timeline"]["truncated"] and context["timeline"]["start"] == run.created_at
     assert "The latest" not in page.text
+
+
+def test_search_finds_a_part_of_an_id_or_a_reference_whatever_its_case_and_says_what_it_searched(clock):
+    make_runs()
+    viewer = login("viewer")
+    found = lambda q: {r.workflow_id for r in viewer.get(reverse("console:runs"), {"q": q}).context["runs"]}  # noqa: E731
+    ids = list(WorkflowRun.objects.values_list("workflow_id", flat=True))
+    assert found("C-01") == {w for w in ids if "c-01" in w} != set()  # inside the id, any case
+    assert found("T:D-02") == {w for w in ids if "t:d-02" in w} != set()
+    run = WorkflowRun.objects.get(workflow_id="order:t:c-010")
+    step = run.steps.first()
+    key = hashlib.sha256(b"order:t:c-010:create_task:v1").hexdigest()  # keys are lowercase hex
+    StepExecution.objects.filter(pk=step.pk).update(
+        remote_ref="TASK_4711", compensation_ref="cancel_9001", idempotency_key=key
+    )
+    assert found("task_47") == found("4711") == {"order:t:c-010"}
+    assert found("CANCEL_90") == {"order:t:c-010"}  # a compensation's reference too
+    assert found(key[:10].upper()) == {"order:t:c-010"}  # the beginning of a key, any case
+    assert found(key) == {"order:t:c-010"}
+    empty = viewer.get(reverse("console:runs"), {"q": "nothing-like-this", "state": "failed"}).text
+    assert "No run has “nothing-like-this” in its workflow id, business key or a remote reference" in empty
+    assert "among the runs that are failed" in empty and "Search every run" in empty

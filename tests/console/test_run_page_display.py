@@ -7,14 +7,15 @@ import json
 import pytest
 from django.urls import reverse
 
+from recovery.console import selectors
 from recovery.engine.executor import advance
-from recovery.engine.transitions import run_compensate, run_start, run_version
+from recovery.engine.transitions import perform, run_compensate, run_start, run_version
 from recovery.models import WorkflowRun
 from sandbox import faults
 from sandbox.models import Fault
 from tests.support import receivers
 from tests.support.console import act, login
-from tests.support.engine import drive
+from tests.support.engine import drive, person
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 
@@ -124,3 +125,27 @@ def test_a_page_without_buttons_says_which_role_could_act(clock):
     html = page(login("operator"), run)
     assert "A higher role could also:" in html and "compensate" in html.split("A higher role could also:")[1]
     assert "terminate" in html.split("A higher role could also:")[1].split("</p>")[0]
+
+
+def test_the_timeline_compresses_a_long_quiet_gap_marks_operators_and_lists_every_event(clock):
+    receivers.arm("task", "forbidden")
+    run = drive(start("timeline"), clock)
+    clock.advance(2 * 3600 + 13 * 60)  # two hours later an operator retries
+    olga = person("olga", "operator")
+    perform("retry", workflow_id=run.workflow_id, step_name="create_task", actor=olga, reason="permission granted")
+    run = drive(run, clock)
+    line = selectors.timeline(run, list(run.steps.order_by("position")))
+
+    assert [g["label"] for g in line["gaps"]] == ["+2 h 13 min"]
+    xs = [m["x"] for m in line["marks"]]
+    assert xs == sorted(xs) and xs[-1] - xs[0] <= line["width"] - line["left"]
+    # The two hours are drawn as a narrow gap, not as the whole width (the test's clock stands
+    # still within each burst, so each burst is one instant).
+    assert xs[-1] - xs[0] == pytest.approx(selectors._TimeScale.GAP)
+    assert [o["actor"] for o in line["operators"]] == ["olga"]
+    assert line["ticks"][0]["label"] == f"{run.created_at:%H:%M:%S}" and len(line["ticks"]) >= 1
+    listed = [e["what"] for e in line["events"]]
+    assert "retry create_task" in listed and "create_task: step_fail" in listed
+    html = page(login("viewer"), run)
+    assert "+2 h 13 min" in html and "retry create_task — by olga" in html
+    assert html.count('tabindex="0"') >= len(line["marks"]) + 1  # every mark and the operator line focusable
