@@ -992,6 +992,8 @@ def copy_table(conn: psycopg.Connection, table: str, columns: str, rows: Iterato
                 + sql.SQL(TYPE_DEFAULTS[kind])  # type: ignore[arg-type]
             )
         conn.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(table)))
+        if table == "recovery_workflowrun":  # its insert trigger fills recovery_runsearch again (migration 0019)
+            conn.execute("TRUNCATE recovery_runsearch")
         if table == audit_chain.TABLE:  # the rows carry their chain (audit_rows)
             conn.execute(sql.SQL("ALTER TABLE {} DISABLE TRIGGER recovery_audit_chain").format(sql.Identifier(table)))
         with conn.cursor() as cur:

@@ -45,6 +45,12 @@ class WorkflowRun(models.Model):
     input_hash = models.CharField(max_length=64)
     status_reason = models.TextField(blank=True)
     incident = models.TextField(blank=True)  # marked by compensations that had to correct something visible
+    # Set when the run fails: a completed step of it wrote elsewhere (its workflow's declaration
+    # says which steps write), so the failed run waits for a person (compensate, or terminate to
+    # keep them): the stuck cause "failed, effects stand", counted from a small partial index.
+    # Nullable (None: never failed) so that SQLite adds the column in place: rebuilding the runs
+    # table would break the triggers that name it (the audit chain's, the run search's).
+    effects_stand = models.BooleanField(null=True, blank=True, default=None)
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     lease_generation = models.BigIntegerField(default=0)
@@ -66,6 +72,9 @@ class WorkflowRun(models.Model):
             models.Index(fields=["state", "next_wake_at"], name="run_due_idx"),
             models.Index(fields=["state", "id"], name="run_state_id_idx"),  # a state's runs, newest first
             models.Index(fields=["workflow_name", "state"], name="run_workflow_state_idx"),
+            models.Index(
+                fields=["id"], name="run_failed_effects_idx", condition=models.Q(state="failed", effects_stand=True)
+            ),
             # Executors claim the oldest due run: a short walk over the runs still in progress,
             # however many have finished.
             models.Index(

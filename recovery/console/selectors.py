@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Q
 
 from recovery.console.why import why_not_moving
 from recovery.errors import ErrorKind
@@ -103,7 +103,7 @@ def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
             Q(state=RunState.NEEDS_REVIEW)
             & runs_with(state=StepState.FAILED, last_error_kind__in=[ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED]),
         ),
-        "failed_with_effects": ("Failed, effects stand", Q(state=RunState.FAILED) & _effects_stand()),
+        "failed_with_effects": ("Failed, effects stand", Q(state=RunState.FAILED, effects_stand=True)),
         "compensation_failed": ("Compensation failed", Q(state=RunState.COMPENSATION_FAILED)),
         "policy_refused": (
             "Policy refused",
@@ -124,20 +124,6 @@ def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
             Q(pk__in=ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
         ),
     }
-
-
-def _effects_stand() -> Q:
-    """The run has a completed step with an effect elsewhere (its workflow's declaration says
-    which steps write): a failed run like that waits for a person to compensate or accept it."""
-    from recovery.workflow import all_workflows
-
-    cond = Q(pk__in=[])
-    for workflow in all_workflows():
-        writes = [spec.name for spec in workflow.steps if spec.writes and not spec.is_decision]
-        if writes:
-            made = StepExecution.objects.filter(run_id=OuterRef("pk"), state=StepState.SUCCEEDED, step_name__in=writes)
-            cond |= Q(workflow_name=workflow.name) & Q(Exists(made))
-    return cond
 
 
 STUCK_LABELS = {key: label for key, (label, _) in _stuck_causes(datetime.now(UTC)).items()}

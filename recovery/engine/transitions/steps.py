@@ -11,9 +11,9 @@ from django.db import transaction
 from django.db.models import Max
 
 from recovery.errors import ErrorKind, StepError
-from recovery.models import DecisionState, ModelDecision, RunState, StepExecution
+from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState
 from recovery.redaction import redact_text
-from recovery.workflow import Outcome, Reconcile, StepSpec
+from recovery.workflow import Outcome, Reconcile, StepSpec, get_workflow
 
 from ._core import (
     RUN_LEASE_FIELDS,
@@ -151,6 +151,7 @@ def step_fail(
             step_fields = ["state", "last_error_kind", "last_error", "next_attempt_at"]
             policy = spec.retry
             delay: float | None = None
+            run_fields = ["status_reason"]
             if error.kind == ErrorKind.INVALID_MODEL_OUTPUT:
                 step.format_failures += 1
                 step_fields.append("format_failures")
@@ -169,6 +170,8 @@ def step_fail(
                 outcome, why = RunState.NEEDS_REVIEW, f"model output invalid {step.format_failures} times"
             elif error.kind == ErrorKind.PERMANENT or error.kind in policy.non_retryable_kinds:
                 outcome, why = RunState.FAILED, f"{step_name}: permanent error, not retried: {message}"
+                run.effects_stand = _effects_stand(run)
+                run_fields.append("effects_stand")
             elif policy.retries(error.kind):
                 elapsed = (now - step.budget_started_at).total_seconds() if step.budget_started_at else 0.0
                 delay = policy.next_delay(step.attempts - step.budget_start_attempt, error, elapsed=elapsed)
@@ -176,7 +179,6 @@ def step_fail(
             else:
                 outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: {error.kind} error needs review: {message}"
 
-            fields = ["status_reason"]
             if delay is not None:
                 step.next_attempt_at = now + timedelta(seconds=delay)
                 _check(RUN_TRANSITIONS, "wait", run.state, "run")
@@ -187,12 +189,22 @@ def step_fail(
                 _check(RUN_TRANSITIONS, "review" if outcome == RunState.NEEDS_REVIEW else "fail", run.state, "run")
                 _release_into(run, outcome, reason=why)
             _save_step(step, step_fields, now)
-            _save_run(run, fields + RUN_LEASE_FIELDS, now)
+            _save_run(run, run_fields + RUN_LEASE_FIELDS, now)
             change.reason = message[:1000]
         if auto_compensate and outcome == RunState.FAILED and delay is None and _compensation_targets(run):
             _start_compensation(run, actor=None, reason=f"automatic: {step_name} failed permanently", now=now)
             lease.seen.clear()  # it marked other steps: the executor's copy of them is out of date
         return step
+
+
+def _effects_stand(run) -> bool:
+    """Whether a completed step of the run wrote elsewhere (by its workflow's declaration)."""
+    try:
+        workflow = get_workflow(run.workflow_name)
+    except LookupError:
+        return False
+    writes = [spec.name for spec in workflow.steps if spec.writes and not spec.is_decision]
+    return StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED, step_name__in=writes).exists()
 
 
 def step_refuse(
