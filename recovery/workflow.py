@@ -339,6 +339,10 @@ class Workflow:
 
         return register
 
+    def writing_steps(self) -> list[str]:
+        """The steps whose effect, once made, stands elsewhere (not a model step's decision)."""
+        return [spec.name for spec in self.steps if spec.writes and not spec.is_decision]
+
     def acts_on_decision(self, spec: StepSpec) -> bool:
         """Whether ``spec`` writes after a model step: what it sends may come from the model."""
         return spec.writes and not spec.is_decision and any(s.is_decision for s in self.steps[: spec.position])

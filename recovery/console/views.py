@@ -18,7 +18,7 @@ from django_htmx.http import HttpResponseStopPolling, reswap, retarget
 from recovery import clock
 from recovery.actions import PERMISSION_OF
 from recovery.console import selectors, services, why
-from recovery.engine.transitions import run_version
+from recovery.engine.transitions import TERMINAL_RUN_STATES, lease_is_live, run_version
 from recovery.errors import InvalidTransition, NotPermitted, RunChanged
 from recovery.models import RunState, StepState, WorkflowRun
 from recovery.permissions import REQUIRED_ROLE, can, role_of
@@ -205,8 +205,7 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
 
 def _finished(run: WorkflowRun, now) -> bool:
     """Nothing will change the run by itself any more: no poll needed."""
-    held = bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
-    return run.state in (RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED) and not held
+    return run.state in TERMINAL_RUN_STATES and not lease_is_live(run, now)
 
 
 @require_POST

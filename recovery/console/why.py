@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from recovery.actions import ACTIONS
+from recovery.engine.transitions import TERMINAL_RUN_STATES, UNDONE_STEP_STATES, lease_is_live
 from recovery.errors import ErrorKind
 from recovery.models import (
     ApprovalRequest,
@@ -23,8 +24,6 @@ from recovery.models import (
     WorkflowRun,
 )
 from recovery.workflow import all_workflows, get_workflow
-
-UNDONE = (StepState.COMPENSATED, StepState.COMPENSATING, StepState.COMPENSATION_FAILED)
 
 
 def _at(when: datetime | None) -> str:
@@ -62,7 +61,7 @@ def why_not_moving(
         label = ACTIONS[request.action].label if request.action in ACTIONS else request.action
         on = f" {request.step_name}" if request.step_name else ""
         return f"waiting for a supervisor to approve {label}{on} (requested by {request.requested_by.get_username()})"
-    undone = [s.step_name for s in steps if s.state in UNDONE]
+    undone = [s.step_name for s in steps if s.state in UNDONE_STEP_STATES]
     if state == RunState.COMPLETED:
         return f"completed; {', '.join(undone)} compensated since" if undone else "completed"
     if state == RunState.COMPENSATED:
@@ -70,7 +69,7 @@ def why_not_moving(
     if state == RunState.TERMINATED:
         return f"terminated: {run.status_reason}"
     if state == RunState.RUNNING:
-        if run.lease_expires_at is not None and run.lease_expires_at > now:
+        if lease_is_live(run, now):
             doing = f", running {run.current_step}" if run.current_step else ""
             return f"held by executor {run.lease_owner} until {_at(run.lease_expires_at)} (lease){doing}"
         return (
@@ -105,7 +104,7 @@ def why_not_moving(
 
 
 def _waiting(run: WorkflowRun, steps: list[StepExecution], outbox: Iterable[OutboxMessage], now: datetime) -> str:
-    due = next((s for s in steps if s.next_attempt_at is not None and s.state not in UNDONE), None)
+    due = next((s for s in steps if s.next_attempt_at is not None and s.state not in UNDONE_STEP_STATES), None)
     if due is not None and due.state == StepState.UNKNOWN:
         return f"outcome of {due.step_name} unknown: looking it up again at {_at(due.next_attempt_at)}"
     if due is not None and due.state == StepState.FAILED:
@@ -152,21 +151,21 @@ def _review(run: WorkflowRun, steps: list[StepExecution], outbox: Iterable[Outbo
 def _failed(run: WorkflowRun, steps: list[StepExecution]) -> str:
     failed = next((s for s in steps if s.state == StepState.FAILED), None)
     where = f"failed at {failed.step_name} ({_error(failed)})" if failed else f"failed: {run.status_reason}"
-    made = [s.step_name for s in steps if s.state == StepState.SUCCEEDED and s.remote_ref and not _is_decision(s)]
+    try:
+        writes = set(get_workflow(run.workflow_name).writing_steps())
+    except LookupError:
+        writes = set()
+    made = [s.step_name for s in steps if s.state == StepState.SUCCEEDED and s.step_name in writes]
     if made:
         return f"{where}; effects made by {', '.join(made)} stand: compensate them, or terminate to keep them"
     return f"{where}; nothing was written elsewhere"
-
-
-def _is_decision(step: StepExecution) -> bool:
-    return step.remote_ref.startswith("decision v")
 
 
 def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:
     """Set ``run.why`` on each run of a list page: their steps in one query, and their pending
     four-eyes requests in another where a workflow has four-eyes actions (none for a page of
     finished runs)."""
-    moving = [r.pk for r in runs if r.state not in (RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED)]
+    moving = [r.pk for r in runs if r.state not in TERMINAL_RUN_STATES]
     steps: dict[int, list[StepExecution]] = defaultdict(list)
     approvals: dict[int, list[ApprovalRequest]] = defaultdict(list)
     if moving:

@@ -23,6 +23,7 @@ from ._core import (
     require_reason,
     run_version,
 )
+from ._core import _live_lease as lease_is_live
 from .approvals import approval_decide, approval_grant, approval_reject, approval_request
 from .compensation import (
     compensation_begin,
@@ -32,7 +33,7 @@ from .compensation import (
     run_compensation_done,
 )
 from .leases import claimable, outbox_dispatch, run_claim, run_claim_next, runs_dispatch
-from .offers import Situation, offered, why_not
+from .offers import UNDONE_STEP_STATES, Situation, offered, why_not
 from .operator import (
     BUDGET_FIELDS,
     LABELS,
@@ -115,6 +116,8 @@ __all__ = [
     "outbox_unresolved",
     "perform",
     "Situation",
+    "UNDONE_STEP_STATES",
+    "lease_is_live",
     "offered",
     "why_not",
     "require_reason",

@@ -203,8 +203,9 @@ def _effects_stand(run) -> bool:
         workflow = get_workflow(run.workflow_name)
     except LookupError:
         return False
-    writes = [spec.name for spec in workflow.steps if spec.writes and not spec.is_decision]
-    return StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED, step_name__in=writes).exists()
+    return StepExecution.objects.filter(
+        run=run, state=StepState.SUCCEEDED, step_name__in=workflow.writing_steps()
+    ).exists()
 
 
 def step_refuse(
