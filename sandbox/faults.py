@@ -5,8 +5,10 @@ Faults live in the sandbox database, so a fault armed by one process (a test, th
 is seen by another (the server that answers the adapters).
 """
 
+from collections.abc import Iterable
+
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from .models import (
     FAULTABLE,
@@ -90,11 +92,22 @@ def clear() -> None:
         LedgerEntry.objects.using(DB).all().delete()
 
 
-def counts() -> dict[str, int]:
-    """What the simulated systems hold: the numbers a failure test asserts on."""
+def counts(*, keys: Iterable[str] | None = None, reference_prefix: str | None = None) -> dict[str, int]:
+    """What the simulated systems hold: the numbers a failure test asserts on. With ``keys``,
+    only what carries one of them (a task's idempotency key, a message's client reference, a
+    ledger entry's reference), and the ledger entries whose reference is ``reference_prefix``
+    or begins with it and a colon: one run's objects, duplicates included."""
     tasks = Task.objects.using(DB)
     messages = Message.objects.using(DB)
     ledger = LedgerEntry.objects.using(DB)
+    if keys is not None:
+        keys = list(keys)
+        tasks = tasks.filter(idempotency_key__in=keys)
+        messages = messages.filter(client_ref__in=keys)
+        own = Q(reference__in=keys)
+        if reference_prefix:
+            own |= Q(reference=reference_prefix) | Q(reference__startswith=f"{reference_prefix}:")
+        ledger = ledger.filter(own)
     return {
         "tasks": tasks.count(),
         "tasks_cancelled": tasks.filter(status=TaskStatus.CANCELLED).count(),

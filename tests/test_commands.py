@@ -70,6 +70,24 @@ def test_show_run_of_an_unknown_run_is_an_error():
         run_cmd("show_run", "order:x:y", "--json")
 
 
+def test_show_run_wait_returns_once_the_run_rests_and_says_so_when_it_does_not():
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    err = StringIO()
+    with pytest.raises(CommandError, match=f"{wid} is still pending after 0.2 s: due now"):
+        call_command("show_run", wid, "--wait", "0.2", stdout=err, stderr=StringIO())
+    assert err.getvalue().startswith(f"{wid}  pending")  # shown all the same
+
+    run_cmd("run_executor", "--until-idle")
+    assert run_cmd("show_run", wid, "--wait", "300").startswith(f"{wid}  completed")  # at once: it rests
+
+
+def test_show_run_wait_rejects_a_negative_wait_and_an_unknown_run():
+    with pytest.raises(CommandError, match="--wait must be 0 or more seconds"):
+        run_cmd("show_run", "order:x:y", "--wait", "-1")
+    with pytest.raises(CommandError, match="no run 'order:x:y'"):
+        run_cmd("show_run", "order:x:y", "--wait", "5")
+
+
 def test_recover_refuses_a_finished_run_and_unknown_users():
     person("olga")
     wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))

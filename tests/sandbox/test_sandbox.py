@@ -400,6 +400,53 @@ def test_the_command_arms_a_fault_counts_and_clears(api):
     assert Fault.objects.count() == 0 and Message.objects.count() == 0
 
 
+def test_counts_of_one_run_are_what_carries_its_keys_duplicates_included():
+    """`sandbox counts --run ID` (the README's walk-through reads it after every experiment):
+    the objects carrying the run's step or compensation keys, and the ledger entries referenced
+    by its workflow id; another run's objects are not counted, a duplicate message is."""
+    from recovery.engine.transitions import run_start
+    from recovery.workflow import compensation_key, idempotency_key
+
+    mine, _ = run_start(workflow="test_orders", data={"tenant": "t", "order_id": "o-1", "text": "chairs 10"})
+    other, _ = run_start(workflow="test_orders", data={"tenant": "t", "order_id": "o-10", "text": "chairs 10"})
+    for run in (mine, other):
+        wid = run.workflow_id
+        Task.objects.create(title="t", assignee="a", idempotency_key=idempotency_key(wid, "create_task", 1))
+        Message.objects.create(to="a", text="m", client_ref=idempotency_key(wid, "notify", 1))
+        LedgerEntry.objects.create(reference=wid, amount=10, currency="EUR", account="x")  # o-1 is no prefix of o-10
+    Message.objects.create(to="a", text="m", client_ref=idempotency_key(mine.workflow_id, "notify", 1))  # twice
+    Message.objects.create(
+        to="a", text="fix", client_ref=compensation_key(mine.workflow_id, "notify", 1), kind="correction"
+    )
+    Task.objects.filter(idempotency_key=idempotency_key(mine.workflow_id, "create_task", 1)).update(status="cancelled")
+    LedgerEntry.objects.create(
+        reference=f"{mine.workflow_id}:reversal", amount=-10, currency="EUR", account="x", kind="reversal"
+    )
+
+    assert json.loads(run_sandbox("counts", "--run", mine.workflow_id, "--json")) == {
+        "tasks": 1,
+        "tasks_cancelled": 1,
+        "messages": 2,
+        "corrections": 1,
+        "ledger_entries": 1,
+        "ledger_reversals": 1,
+    }
+    assert run_sandbox("counts", "--run", other.workflow_id).split() == [
+        "tasks=1",
+        "tasks_cancelled=0",
+        "messages=1",
+        "corrections=0",
+        "ledger_entries=1",
+        "ledger_reversals=0",
+    ]
+    assert faults.counts()["messages"] == 3
+
+
+def test_counts_of_a_run_that_does_not_exist_is_an_error():
+    with pytest.raises(CommandError, match="no run 'order:t:nope'"):
+        run_sandbox("counts", "--run", "order:t:nope")
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

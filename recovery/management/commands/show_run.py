@@ -1,11 +1,17 @@
 import json
+import time
 
 from django.core.management.base import CommandError
 
 from recovery import clock
 from recovery.console.selectors import run_document
+from recovery.engine.transitions import DONE_STEP_STATES, lease_is_live
 from recovery.management.base import RecoveryCommand
-from recovery.models import WorkflowRun
+from recovery.models import RunState, WorkflowRun
+
+# States an executor moves on by itself; a run in one of them is still on its way.
+MOVING = frozenset({RunState.PENDING, RunState.WAITING, RunState.COMPENSATING})
+POLL_SECONDS = 0.5
 
 
 class Command(RecoveryCommand):
@@ -17,12 +23,28 @@ class Command(RecoveryCommand):
     def add_arguments(self, parser):
         parser.add_argument("workflow_id")
         parser.add_argument("--json", action="store_true", help="print JSON (the shape docs/operating.md documents)")
+        parser.add_argument(
+            "--wait",
+            type=float,
+            default=0,
+            metavar="SECONDS",
+            help="first wait, up to SECONDS, until no executor moves the run on by itself: it is finished, "
+            "waits for a person, or its executor's lease expired; then show it (exit 1 if it is still moving)",
+        )
 
-    def handle(self, *args, workflow_id, json: bool, **options):
+    def handle(self, *args, workflow_id, json: bool, wait: float, **options):
+        if wait < 0:
+            raise CommandError("--wait must be 0 or more seconds")
+        moving = _wait_until_resting(workflow_id, wait) if wait else False
         try:
             doc = run_document(workflow_id, now=clock.now())
         except WorkflowRun.DoesNotExist:
             raise CommandError(f"no run {workflow_id!r}") from None
+        self._show(doc, json)
+        if moving:
+            raise CommandError(f"{workflow_id} is still {doc['state']} after {wait:g} s: {doc['why']}")
+
+    def _show(self, doc: dict, json: bool) -> None:
         if json:
             self.stdout.write(_dumps(doc))
             return
@@ -30,7 +52,9 @@ class Command(RecoveryCommand):
         write(f"{doc['workflow_id']}  {doc['state']}  {doc['status_reason']}")
         write(f"  why: {doc['why']}")
         for s in doc["steps"]:
-            err = f"  [{s['last_error_kind']}] {s['last_error']}" if s["last_error_kind"] else ""
+            # A step that got past its error keeps it as history, not as its state.
+            earlier = "earlier: " if s["state"] in DONE_STEP_STATES else ""
+            err = f"  {earlier}[{s['last_error_kind']}] {s['last_error']}" if s["last_error_kind"] else ""
             write(f"  {s['name']:<28} {s['state']:<12} attempts={s['attempts']} ref={s['remote_ref'] or '-'}{err}")
             write(f"    key {s['idempotency_key']}")
             if s["refusal"]:
@@ -47,3 +71,16 @@ class Command(RecoveryCommand):
 
 def _dumps(doc: dict) -> str:
     return json.dumps(doc, indent=2)
+
+
+def _wait_until_resting(workflow_id: str, seconds: float) -> bool:
+    """Poll the run until it rests or ``seconds`` pass; True if it is still moving then."""
+    deadline = time.monotonic() + seconds
+    while True:
+        run = WorkflowRun.objects.filter(workflow_id=workflow_id).first()
+        if run is None:
+            raise CommandError(f"no run {workflow_id!r}")
+        moving = run.state in MOVING or (run.state == RunState.RUNNING and lease_is_live(run, clock.now()))
+        if not moving or time.monotonic() >= deadline:
+            return moving
+        time.sleep(POLL_SECONDS)

@@ -3,6 +3,8 @@ import json
 from django.core.management.base import CommandError, CommandParser
 
 from recovery.management.base import RecoveryCommand
+from recovery.models import StepExecution
+from recovery.workflow import compensation_key, idempotency_key
 from sandbox import faults
 
 
@@ -41,6 +43,12 @@ class Command(RecoveryCommand):
         actions.add_parser("clear", help="remove every fault, task, message and ledger entry")
         counts = actions.add_parser("counts", help="what the simulated systems hold")
         counts.add_argument("--json", action="store_true", help="print a JSON object")
+        counts.add_argument(
+            "--run",
+            metavar="WORKFLOW_ID",
+            help="only what this run made: objects carrying its steps' or compensations' keys (duplicates "
+            "included), and ledger entries referenced by its workflow id",
+        )
 
     def handle(self, *args, action, **options):
         if action == "fault":
@@ -49,7 +57,7 @@ class Command(RecoveryCommand):
             faults.clear()
             self.stdout.write("cleared: no faults, tasks, messages or ledger entries remain")
         else:
-            numbers = faults.counts()
+            numbers = faults.counts(**_run_scope(options["run"])) if options["run"] else faults.counts()
             if options["json"]:
                 self.stdout.write(json.dumps(numbers))
             else:
@@ -71,3 +79,19 @@ class Command(RecoveryCommand):
         self.stdout.write(
             f"armed: {fault.service} {fault.operation} {fault.mode} for the next {fault.remaining} call(s){detail}"
         )
+
+
+def _run_scope(workflow_id: str) -> dict:
+    """The keys a run's objects carry in the simulated systems: its steps' idempotency keys and
+    its compensations' keys, every key version of them, as the engine derives them; and its
+    workflow id, which the invoice's ledger entries take as their reference."""
+    steps = list(StepExecution.objects.filter(run__workflow_id=workflow_id).values_list("step_name", "key_version"))
+    if not steps:
+        raise CommandError(f"no run {workflow_id!r}")
+    keys = [
+        key(workflow_id, name, v)
+        for name, version in steps
+        for v in range(1, version + 1)
+        for key in (idempotency_key, compensation_key)
+    ]
+    return {"keys": keys, "reference_prefix": workflow_id}
