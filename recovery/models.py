@@ -58,6 +58,12 @@ class WorkflowRun(models.Model):
     # When a task for this run was last put on the broker; a claim clears it. The sweeper
     # sends another only once it is RECOVERY_REDISPATCH_SECONDS old (presumed lost).
     dispatched_at = models.DateTimeField(null=True, blank=True)
+    # A run started for one executor (``run_start(reserve=…)``): no other executor claims it
+    # before ``reserved_until`` (real time), unless the reservation is released first. A script
+    # that drives runs itself (the demo's seed) keeps the running executors off them.
+    # Nullable: SQLite adds the columns in place (see effects_stand).
+    reserved_for = models.CharField(max_length=200, null=True, blank=True)
+    reserved_until = models.DateTimeField(null=True, blank=True)
     # Bumped by every transition that saves the run, which every change of one of its steps
     # does too: while it is what an executor last wrote, the executor's copy of the run and
     # its steps is current and it need not read them again.
@@ -65,7 +71,9 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     # Versions saved by people (operators, the API start); the executor's changes are in the audit trail.
-    history = HistoricalRecords(excluded_fields=["lease_expires_at", "dispatched_at", "revision"])
+    history = HistoricalRecords(
+        excluded_fields=["lease_expires_at", "dispatched_at", "revision", "reserved_for", "reserved_until"]
+    )
 
     class Meta:
         indexes = [

@@ -290,6 +290,8 @@ RUN_LIST_FIELDS = (
     "lease_owner",
     "lease_expires_at",
     "next_wake_at",
+    "reserved_for",
+    "reserved_until",
 )
 
 

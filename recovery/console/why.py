@@ -76,6 +76,8 @@ def why_not_moving(
             f"the lease of {run.lease_owner or 'its executor'} expired at {_at(run.lease_expires_at)}: "
             "waiting for another executor to take the run over"
         )
+    if run.reserved_for and run.reserved_until and run.reserved_until > now and state not in TERMINAL_RUN_STATES:
+        return f"reserved for {run.reserved_for} until {_at(run.reserved_until)}: other executors leave it alone"
     if state == RunState.PENDING:
         return "due now: waiting for an executor to claim it"
     if state == RunState.COMPENSATING:

@@ -4,6 +4,7 @@ must act or something is wrong — a failed run whose effects stand, an approval
 unknown outcome nobody is about to look up — not "the engine is waiting as planned"."""
 
 import json
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -138,3 +139,12 @@ def test_an_unknown_outcome_being_looked_up_again_is_not_stuck_until_then(said, 
     assert run.state == RunState.WAITING
     assert said(run)[1] == f"outcome of notify unknown: looking it up again at {run.next_wake_at:%H:%M:%S}"
     assert run not in RunFilters(stuck="unknown").newest(clock.now(), limit=5)
+
+
+def test_a_run_reserved_for_a_script_says_for_whom_and_until_when(said, clock):
+    until = clock.now() + timedelta(minutes=15)
+    run = run_start(workflow="test_orders", data={"tenant": "t", "order_id": "seeded"}, reserve=("seed-demo", until))[0]
+    listed, page = said(run)
+    assert page == listed == f"reserved for seed-demo until {until:%H:%M:%S}: other executors leave it alone"
+    clock.advance(15 * 60)
+    assert said(run)[1] == "due now: waiting for an executor to claim it"

@@ -32,7 +32,7 @@ from .compensation import (
     run_compensate,
     run_compensation_done,
 )
-from .leases import claimable, outbox_dispatch, run_claim, run_claim_next, runs_dispatch
+from .leases import claimable, outbox_dispatch, run_claim, run_claim_next, runs_dispatch, runs_release_reservation
 from .offers import UNDONE_STEP_STATES, Situation, offered, why_not
 from .operator import (
     BUDGET_FIELDS,
@@ -123,6 +123,7 @@ __all__ = [
     "require_reason",
     "run_claim",
     "run_claim_next",
+    "runs_release_reservation",
     "run_compensate",
     "run_compensation_done",
     "run_complete",

@@ -28,7 +28,7 @@ from ._core import (
     default_owner,
     lease_duration,
 )
-from .outbox import outbox_due
+from .outbox import locked_rows, outbox_due
 from .tables import RUN_TRANSITIONS
 
 
@@ -40,8 +40,7 @@ def _undispatched(now: datetime) -> Q:
 
 def _dispatch(qs, limit: int, now: datetime) -> list[int]:
     with transaction.atomic():
-        locked = qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
-        pks = list(locked.values_list("pk", flat=True)[:limit])
+        pks = list(locked_rows(qs).values_list("pk", flat=True)[:limit])
         qs.model.objects.filter(pk__in=pks).update(dispatched_at=now)
     return pks
 
@@ -66,15 +65,31 @@ def outbox_dispatch(*, limit: int, now: datetime | None = None) -> list[int]:
 # --- executor transitions --------------------------------------------------------------
 
 
-def claimable(now: datetime) -> Q:
-    """Runs an executor may take now: due and unowned, or owned by a lease that expired."""
+def claimable(now: datetime, owner: str | None = None) -> Q:
+    """Runs an executor may take now: due and unowned, or owned by a lease that expired; and
+    not reserved for another executor (``owner``: the one asking; None: any executor)."""
     unowned = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
     due = Q(next_wake_at__isnull=True) | Q(next_wake_at__lte=now)
     in_progress = Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING, RunState.RUNNING])
+    free = Q(reserved_for__isnull=True) | Q(reserved_until__lte=now)
+    if owner is not None:
+        free |= Q(reserved_for=owner)
     # in_progress is implied by the rest; stated, it lets PostgreSQL use run_in_progress_idx.
-    return in_progress & (
-        (Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING]) & due & unowned)
-        | Q(state=RunState.RUNNING, lease_expires_at__lte=now)
+    return (
+        in_progress
+        & (
+            (Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING]) & due & unowned)
+            | Q(state=RunState.RUNNING, lease_expires_at__lte=now)
+        )
+        & free
+    )
+
+
+def runs_release_reservation(*, run_pks: Iterable[int], owner: str) -> int:
+    """Give the runs reserved for ``owner`` back to every executor (bookkeeping, like the
+    dispatch stamp: no state changes and nothing is audited). Returns how many were released."""
+    return WorkflowRun.objects.filter(pk__in=list(run_pks), reserved_for=owner).update(
+        reserved_for=None, reserved_until=None
     )
 
 
@@ -114,7 +129,7 @@ def _claim_one(owner: str | None, now: datetime, run_pk: int | None = None) -> L
 def _claim_in_one_statement(owner: str, now: datetime, run_pk: int | None) -> Lease | None:
     """PostgreSQL: the claim in one round trip (storage.claim)."""
     sql, params = _pick_sql(connection.vendor, run_pk is not None, ("id", "state", "lease_owner"))
-    pick = _pick_params(params, now, run_pk)
+    pick = _pick_params(params, now, run_pk, owner)
     claimed = storage.claim(sql, pick, _claim_moves(), owner, now + lease_duration(), now)
     if claimed is None:
         return None
@@ -126,18 +141,19 @@ def _claim_in_transaction(owner: str, now: datetime, run_pk: int | None) -> Leas
     """Any database: pick, check, save and audit in one transaction."""
     with transaction.atomic():
         sql, params = _pick_sql(connection.vendor, run_pk is not None)
-        run = next(iter(WorkflowRun.objects.raw(sql, _pick_params(params, now, run_pk))), None)
+        run = next(iter(WorkflowRun.objects.raw(sql, _pick_params(params, now, run_pk, owner))), None)
         return _claim(run, owner, now)
 
 
 _SENTINEL_TIME = datetime(1970, 1, 2, tzinfo=UTC)
+_SENTINEL_OWNER = "\x00the claiming executor"
 
 
 @cache
 def _pick_sql(vendor: str, one_run: bool, columns: tuple[str, ...] = ()) -> tuple[str, tuple[Any, ...]]:
     """The SQL of ``claimable()`` (locked, oldest first, one row), compiled once with a
     placeholder time: compiling that Q costs an executor more than running the query."""
-    qs = WorkflowRun.objects.filter(claimable(_SENTINEL_TIME))
+    qs = WorkflowRun.objects.filter(claimable(_SENTINEL_TIME, _SENTINEL_OWNER))
     if one_run:
         qs = qs.filter(pk=-1)
     qs = qs.order_by("pk").select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
@@ -147,10 +163,10 @@ def _pick_sql(vendor: str, one_run: bool, columns: tuple[str, ...] = ()) -> tupl
         return qs[:1].query.sql_with_params()
 
 
-def _pick_params(template: tuple[Any, ...], now: datetime, run_pk: int | None) -> list[Any]:
+def _pick_params(template: tuple[Any, ...], now: datetime, run_pk: int | None, owner: str) -> list[Any]:
     sentinels = {_SENTINEL_TIME, connection.ops.adapt_datetimefield_value(_SENTINEL_TIME)}
     at = connection.ops.adapt_datetimefield_value(now)
-    return [at if p in sentinels else run_pk if p == -1 else p for p in template]
+    return [at if p in sentinels else run_pk if p == -1 else owner if p == _SENTINEL_OWNER else p for p in template]
 
 
 @cache

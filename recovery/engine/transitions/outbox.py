@@ -84,10 +84,22 @@ class OutboxClaim:
     settle_from: datetime | None = None
 
 
-def outbox_due(now: datetime) -> Q:
+def outbox_due(now: datetime, owner: str | None = None) -> Q:
+    """Messages due for a delivery attempt by ``owner`` (None: any publisher): not of a run
+    reserved for another executor (``run_start(reserve=…)``), which delivers them itself."""
     due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
     unclaimed = Q(claimed_until__isnull=True) | Q(claimed_until__lte=now)
-    return Q(state=OutboxState.PENDING) & due & unclaimed
+    free = Q(run__reserved_for__isnull=True) | Q(run__reserved_until__lte=now)
+    if owner is not None:
+        free |= Q(run__reserved_for=owner)
+    return Q(state=OutboxState.PENDING) & due & unclaimed & free
+
+
+def locked_rows(qs):
+    """``qs`` locked for update, skipping locked rows where the database can: only its own
+    table's rows, not those of the tables it joins to filter."""
+    of = ("self",) if connection.features.has_select_for_update_of else ()
+    return qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked, of=of)
 
 
 def outbox_claim(*, pk: int, owner: str | None = None, now: datetime | None = None) -> OutboxClaim | None:
@@ -95,13 +107,13 @@ def outbox_claim(*, pk: int, owner: str | None = None, now: datetime | None = No
     step's intent checkpoint), or None if it is not due or another publisher holds it."""
     now = now or clock.now()
     with transaction.atomic():
-        qs = OutboxMessage.objects.filter(outbox_due(now), pk=pk)
-        message = qs.select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked).first()
+        owner = owner or default_owner()
+        message = locked_rows(OutboxMessage.objects.filter(outbox_due(now, owner), pk=pk)).first()
         if message is None:
             return None
         _settle_from_lost_publisher(message)
         message.attempts += 1
-        message.claimed_by = owner or default_owner()
+        message.claimed_by = owner
         message.claimed_until = now + lease_duration()
         message.claim_generation += 1
         message.dispatched_at = None

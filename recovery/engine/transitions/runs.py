@@ -32,13 +32,20 @@ from .tables import RUN_TRANSITIONS
 
 
 def run_start(
-    *, workflow: Workflow | str, data: Any, actor: AbstractBaseUser | str | None = None, now: datetime | None = None
+    *,
+    workflow: Workflow | str,
+    data: Any,
+    actor: AbstractBaseUser | str | None = None,
+    now: datetime | None = None,
+    reserve: tuple[str, datetime] | None = None,
 ) -> tuple[WorkflowRun, bool]:
     """Create the run for a business event, or return the one that event already created.
 
     The workflow id comes from the event, never from a worker or an attempt. The unique
     constraint on ``workflow_id`` decides between concurrent starts, not a pre-check. The
-    same id with a different input is a conflict, never a silent replay.
+    same id with a different input is a conflict, never a silent replay. With ``reserve``
+    (owner, until), only that executor claims the new run until then, or until it releases it
+    (``runs_release_reservation``); an existing run is returned as it is.
     """
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     # What is persisted is what is replayed: the run's input is kept redacted, and its id and
@@ -65,6 +72,8 @@ def run_start(
                 input_hash=input_hash,
                 created_at=now,
                 updated_at=now,
+                reserved_for=reserve[0] if reserve else None,
+                reserved_until=reserve[1] if reserve else None,
             )
             StepExecution.objects.bulk_create(
                 StepExecution(
@@ -78,7 +87,8 @@ def run_start(
                 for spec in wf.steps
             )
             _audit(run, "start", actor=actor, before={}, after=_snap(run), now=now)
-            dispatch.enqueue_run(run.pk)
+            if reserve is None:  # a reserved run is driven by the executor it is reserved for
+                dispatch.enqueue_run(run.pk)
     except IntegrityError:
         run = WorkflowRun.objects.get(workflow_id=workflow_id)
         if run.input_hash != input_hash:
