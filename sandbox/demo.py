@@ -1,11 +1,15 @@
-"""The demo page (``/demo``): arm a fault in the simulated systems, clear them, or start an
-invoice, from the browser. A supervisor's page of the console, served by the sandbox app: the
-engine and the console know nothing of the simulated systems."""
+"""The demo page (``/demo``): arm a fault in the simulated systems, clear them, start an
+invoice, or play the demo runs again, from the browser. A supervisor's page of the console,
+served by the sandbox app: the engine and the console know nothing of the simulated systems."""
 
 from __future__ import annotations
 
+import fcntl
+import subprocess
+import sys
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -13,7 +17,11 @@ from django.shortcuts import render
 from recovery.console.views import permission_required, require_methods
 from recovery.engine import transitions
 from sandbox import faults
+from sandbox.management.commands import seed_demo
 from sandbox.models import FAULTABLE, Fault, FaultMode
+
+# What the reset started from this page printed: its one line, or its error.
+RESET_LOG = settings.BASE_DIR / "var" / "seed_demo.log"
 
 
 @require_methods("GET", "HEAD", "POST")
@@ -35,6 +43,9 @@ def demo_context() -> dict[str, Any]:
         "armed": list(Fault.objects.using("sandbox").filter(remaining__gt=0).order_by("created_at")),
         "targets": [f"{service} {op}" for service, ops in FAULTABLE.items() for op in ops],
         "modes": FaultMode.values,
+        "generation": seed_demo.current_generation(),
+        "reset_playing": _seed_playing(),
+        "reset_log": _last_lines(RESET_LOG),
     }
 
 
@@ -68,7 +79,56 @@ def demo_action(data, *, actor: AbstractBaseUser) -> str:
         except Exception as exc:  # pydantic validation, conflicts: shown on the page
             raise ValueError(f"could not start: {exc}") from exc
         return f"{'started' if created else 'already running'}: {run.workflow_id}"
+    if what == "reset":
+        if data.get("confirm") != "yes":
+            raise ValueError("tick the box to reset: the unfinished demo runs are terminated and played again")
+        return start_reset(actor)
     raise ValueError("unknown demo action")
+
+
+def start_reset(actor: AbstractBaseUser) -> str:
+    """Start ``seed_demo --reset --as ACTOR`` in a process of its own (the seed drives the
+    engine's clock, which is one per process; the executors running beside it leave the runs
+    it plays alone). Raises ValueError while a seed is playing."""
+    if _seed_playing():
+        raise ValueError("a seed is playing the demo right now; reload this page in a minute")
+    RESET_LOG.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["seed_demo", "--reset", "--as", actor.get_username()]
+    with RESET_LOG.open("a") as log:
+        log.write(f"$ manage.py {' '.join(argv)}\n")
+        log.flush()
+        subprocess.Popen(
+            [sys.executable, str(settings.BASE_DIR / "manage.py"), *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # not stopped with this request, nor by a reload of the server
+        )
+    generation = seed_demo.generation_after_reset()
+    ids = f" (ids ending in -r{generation})" if generation > 1 else ""
+    return (
+        f"reset started by {actor.get_username()}: the demo runs play again as new runs{ids} within a minute or "
+        "two; the unfinished ones of the previous play are terminated, nothing is deleted"
+    )
+
+
+def _seed_playing() -> bool:
+    """Whether a seed holds the seed's lock now."""
+    seed_demo.LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with seed_demo.LOCK.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
+
+
+def _last_lines(path, count: int = 3) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-count:]
+    except FileNotFoundError:
+        return []
 
 
 def _int(value: Any, default: int) -> int:

@@ -3,6 +3,7 @@ transitions against the simulated systems over real HTTP, never by writing rows.
 changes nothing (rule 1: the same event is the same run), and no side effect exists twice."""
 
 import socket
+import time
 from collections import Counter
 from datetime import timedelta
 from io import StringIO
@@ -12,8 +13,10 @@ import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from django.test import Client
 from django.utils import timezone
 
+from recovery.engine import transitions
 from recovery.models import (
     AuditEvent,
     DecisionState,
@@ -25,9 +28,11 @@ from recovery.models import (
     StepState,
     WorkflowRun,
 )
-from sandbox import faults
+from sandbox import demo, faults
+from sandbox.management.commands import seed_demo
 from sandbox.management.commands.seed_demo import SCENARIOS, sandbox_server
 from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task
+from tests.support.engine import subprocess_env
 
 SANDBOX_AUTH = {"Authorization": f"Bearer {django_settings.SANDBOX_API_KEY}"}
 
@@ -171,3 +176,101 @@ def test_seed_demo_without_debug_needs_a_supervisor_and_writes_nothing_without_o
     with pytest.raises(CommandError, match="supervisor"):
         seed("--sandbox-url", unreachable_url())
     assert not WorkflowRun.objects.exists() and not get_user_model().objects.exists()
+
+
+def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_ones_deleting_nothing(
+    settings, monkeypatch
+):
+    settings.DEBUG = True
+    settings.SANDBOX_URL = unreachable_url()
+    seed()
+    first = {r.workflow_id: r.state for r in WorkflowRun.objects.all()}
+    unfinished = {wid for wid, state in first.items() if state not in ("completed", "compensated")}
+    events = AuditEvent.objects.count()
+
+    # An executor running beside the seed (make run's) tries to take every run the seed plays,
+    # between every step it drives, and every message it delivers: the reservation refuses it.
+    intruded = []
+    advance, publish = seed_demo.advance, seed_demo.publish
+
+    def intruding_advance(run_pk, *, owner):
+        intruded.append(transitions.run_claim(run_pk=run_pk, owner="make-run", now=timezone.now()))
+        return advance(run_pk, owner=owner)
+
+    def intruding_publish(pk, *, owner):
+        intruded.append(transitions.outbox_claim(pk=pk, owner="make-run", now=timezone.now()))
+        return publish(pk, owner=owner)
+
+    monkeypatch.setattr(seed_demo, "advance", intruding_advance)
+    monkeypatch.setattr(seed_demo, "publish", intruding_publish)
+    line = seed("--reset", "--as", "supervisor")
+
+    assert f"({len(SCENARIOS)} new), generation 2 (ids end in -r2)" in line
+    assert f"{len(unfinished)} unfinished run(s) of the previous generation terminated" in line
+    assert len(intruded) > 2 * len(SCENARIOS) and set(intruded) == {None}
+    second = WorkflowRun.objects.exclude(workflow_id__in=first)
+    assert Counter(second.values_list("state", flat=True)) == MIX  # the same stories again
+    assert sorted(second.values_list("workflow_id", flat=True)) == sorted(f"{wid}-r2" for wid in first)
+    assert not WorkflowRun.objects.filter(reserved_for__isnull=False).exists()  # handed to the executors
+    # Nothing deleted: the first generation is all there, its unfinished runs terminated by the supervisor.
+    for wid, state in first.items():
+        assert run(wid).state == ("terminated" if wid in unfinished else state)
+    terminations = AuditEvent.objects.filter(action="terminate")
+    assert sorted(terminations.values_list("run__workflow_id", flat=True)) == sorted(unfinished)
+    assert {(e.actor, e.reason.split(":")[0]) for e in terminations} == {("supervisor", "demo reset by supervisor")}
+    assert AuditEvent.objects.count() > events
+    # One effect per run again: the second play's objects carry its own keys.
+    assert Task.objects.count() == 2 * 10 and LedgerEntry.objects.filter(kind="entry").count() == 2 * 7
+    refused = run("invoice:globex:GX-2024-119-r2")
+    assert refused.status_reason.startswith("policy refused: approval_policy")  # the model's script followed
+
+    assert "(0 new), generation 2" in seed()  # seeding again adds nothing to the current generation
+
+
+def test_a_second_seed_while_one_plays_is_refused_and_writes_nothing(settings):
+    settings.DEBUG = True
+    with seed_demo._one_seed_at_a_time():
+        with pytest.raises(CommandError, match="another seed_demo is playing"):
+            seed("--sandbox-url", unreachable_url(), "--reset")
+    assert not WorkflowRun.objects.exists()
+
+
+def test_reset_as_someone_who_is_not_a_supervisor_is_refused_and_writes_nothing(settings):
+    settings.DEBUG = True
+    with pytest.raises(CommandError, match="no active supervisor 'operator'"):
+        seed("--sandbox-url", unreachable_url(), "--reset", "--as", "operator")
+    assert not WorkflowRun.objects.exists()
+
+
+def test_the_demo_pages_reset_button_plays_the_demo_again_in_a_process_of_its_own(settings, monkeypatch, tmp_path):
+    """The supervisor's button on /demo: refused without the confirmation (nothing starts),
+    then `seed_demo --reset --as supervisor` in a process of its own, against this database."""
+    settings.DEBUG = True
+    settings.SANDBOX_URL = unreachable_url()
+    seed()
+    for name, value in subprocess_env(SANDBOX_URL=unreachable_url(), DJANGO_DEBUG="1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(demo, "RESET_LOG", tmp_path / "seed_demo.log")
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="supervisor"))
+
+    refused = client.post("/demo", {"what": "reset"})
+    assert refused.status_code == 400 and "tick the box to reset" in refused.text
+    assert not demo.RESET_LOG.exists()
+
+    page = client.get("/demo")
+    assert "The demo runs are generation 1." in page.text and "Reset the demo" in page.text
+    started = client.post("/demo", {"what": "reset", "confirm": "yes"})
+    assert started.status_code == 200
+    assert "reset started by supervisor: the demo runs play again as new runs (ids ending in -r2)" in started.text
+
+    deadline = time.monotonic() + 600  # a hang guard: the child plays a dozen scenarios
+    while "seed_demo:" not in demo.RESET_LOG.read_text() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    output = demo.RESET_LOG.read_text()
+    assert "(13 new), generation 2 (ids end in -r2)" in output, output
+    assert WorkflowRun.objects.filter(workflow_id__endswith="-r2").count() == len(SCENARIOS)
+    assert AuditEvent.objects.filter(action="terminate", actor="supervisor").count() == 7
+    page = client.get("/demo")
+    assert "The demo runs are generation 2 (ids ending in -r2)." in page.text
+    assert "generation 2 (ids end in -r2)" in page.text  # the last reset's output, on the page

@@ -30,7 +30,9 @@ def create_operator(*, username: str, group: str, password: str) -> tuple[Abstra
     with transaction.atomic():
         user, created = User.objects.get_or_create(**{User.USERNAME_FIELD: username})
         user.is_active = True
-        user.set_password(password)
+        if created or not user.check_password(password):
+            # An unchanged password keeps the user's sessions: a new hash would log them out.
+            user.set_password(password)
         user.save()
         role, _ = Group.objects.get_or_create(name=group)
         user.groups.remove(*Group.objects.filter(name__in=[r for r in ROLES if r != group]))

@@ -8,9 +8,12 @@ forward instead of sleeping through retry intervals. No row is written by hand.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
 import os
 import socket
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -33,6 +36,7 @@ from recovery import clock as engine_clock
 from recovery.engine import failpoints, transitions
 from recovery.engine.executor import advance
 from recovery.engine.publisher import publish
+from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.management.commands.createoperator import ROLES, create_operator
 from recovery.models import OutboxMessage, RunState, WorkflowRun
@@ -49,6 +53,10 @@ SEED_HTTP_TIMEOUT = 1.0
 # Demo events arrive this far apart, over the past two hours; retries fit inside a slot.
 SLOT = timedelta(minutes=10)
 MAX_ROUNDS = 60
+# How long the seed's runs stay its own if it dies mid-play (it releases them when it finishes).
+RESERVATION = timedelta(minutes=15)
+# Held while a seed plays, so that two seeds never play at once.
+LOCK = settings.BASE_DIR / "var" / "seed_demo.lock"
 
 
 # What each way of playing a scenario leaves the run in.
@@ -79,10 +87,19 @@ class Scenario:
     total: str
     play: str  # the Seeder method that plays it
 
-    @property
-    def event(self) -> dict[str, Any]:
+    def event(self, generation: int = 1) -> dict[str, Any]:
         text = f"{self.vendor} — {self.items}. Total due: {self.total}"
-        return {"tenant": self.tenant, "invoice_id": self.invoice_id, "vendor": self.vendor, "text": text}
+        return {
+            "tenant": self.tenant,
+            "invoice_id": invoice_id(self.invoice_id, generation),
+            "vendor": self.vendor,
+            "text": text,
+        }
+
+
+def invoice_id(base: str, generation: int) -> str:
+    """The demo's invoice ids: as written for the first generation, ``-r2``, ``-r3`` … after each reset."""
+    return base if generation == 1 else f"{base}-r{generation}"
 
 
 # fmt: off
@@ -120,7 +137,8 @@ class Command(RecoveryCommand):
         "Seed a dozen demo invoice runs in every state (completed, waiting, needs_review, failed, compensated, "
         "compensation_failed) through the real engine and simulated systems, dated over the past two hours. "
         "Idempotent: demo runs that exist are left as they are, so running it again creates nothing. "
-        "Run it before starting executors."
+        "--reset plays them again as new runs (ids ending in -r2, -r3 …) after terminating the unfinished ones "
+        "of the previous play; nothing is deleted. Running executors leave the demo runs alone while it plays."
     )
 
     def add_arguments(self, parser):
@@ -129,54 +147,173 @@ class Command(RecoveryCommand):
             help="where the simulated systems answer (default: SANDBOX_URL); if nothing answers there, "
             "a temporary server is started on a free local port for the seed's duration",
         )
+        parser.add_argument(
+            "--reset",
+            action="store_true",
+            help="play every scenario again as a new generation of runs; the previous generation's unfinished "
+            "runs are terminated (audited, by --as), never deleted",
+        )
+        parser.add_argument(
+            "--as",
+            dest="username",
+            metavar="USERNAME",
+            help="the supervisor whose name the demo's operator actions carry (default: the first supervisor)",
+        )
 
-    def handle(self, *args, sandbox_url, **options):
+    def handle(self, *args, sandbox_url, reset, username, **options):
         try:
-            states, new = seed_demo(sandbox_url=sandbox_url, warn=self.stderr.write)
+            seeded = seed_demo(sandbox_url=sandbox_url, warn=self.stderr.write, reset=reset, username=username)
         except LookupError as exc:
             raise CommandError(str(exc)) from None
-        counts = ", ".join(f"{state} {states[state]}" for state in RunState.values if states[state])
-        self.stdout.write(f"seed_demo: {states.total()} demo invoice runs ({new} new): {counts}")
+        counts = ", ".join(f"{state} {seeded.states[state]}" for state in RunState.values if seeded.states[state])
+        which = f", generation {seeded.generation} (ids end in -r{seeded.generation})" if seeded.generation > 1 else ""
+        closed = f"; {seeded.terminated} unfinished run(s) of the previous generation terminated" if reset else ""
+        self.stdout.write(
+            f"seed_demo: {seeded.states.total()} demo invoice runs ({seeded.new} new){which}: {counts}{closed}"
+        )
 
 
-def seed_demo(*, sandbox_url: str | None, warn: Callable[[str], object]) -> tuple[Counter, int]:
-    """Play every demo scenario whose run does not exist yet; return the demo runs' states
-    and how many were new. A scenario whose run exists is left as it is, so seeding again
-    writes nothing (but the demo users' passwords under DEBUG). Refuses (CommandError, before
-    writing) while foreign faults are armed in the sandbox or no supervisor exists."""
+@dataclass(frozen=True)
+class Seeded:
+    generation: int
+    states: Counter
+    new: int
+    terminated: int = 0
+
+
+def generation_ids(generation: int) -> list[str]:
     workflow = get_workflow("invoice")
-    ids = [workflow.workflow_id(workflow.validate_input(s.event)) for s in SCENARIOS]
-    existing = set(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("workflow_id", flat=True))
-    pending = [s for s, wid in zip(SCENARIOS, ids, strict=True) if wid not in existing]
-    if pending:
-        _refuse_foreign_faults()
-    if settings.DEBUG:
-        for role in ROLES:
-            create_operator(username=role, group=role, password=role)
-    if pending:
-        supervisor = _supervisor()
-        url = (sandbox_url or settings.SANDBOX_URL).rstrip("/")
-        timeout = min(settings.RECOVERY_HTTP_TIMEOUT, SEED_HTTP_TIMEOUT)
-        with (
-            sandbox_server(url) as served,
-            # The seed is the executor of its runs: nothing is handed to Celery meanwhile.
-            _settings(SANDBOX_URL=served, RECOVERY_HTTP_TIMEOUT=timeout, RECOVERY_EXECUTOR="embedded"),
-            _environ(),
-        ):
-            os.environ.pop("RECOVERY_FAILPOINTS", None)  # the seed arms its own, where it needs one
-            seeder = Seeder(supervisor=supervisor, drop_ms=int((timeout + 0.5) * 1000), warn=warn)
-            try:
-                seeder.play(pending)
-            finally:
-                seeder.disarm()
-    states = Counter(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("state", flat=True))
-    return states, len(pending)
+    return [workflow.workflow_id(workflow.validate_input(s.event(generation))) for s in SCENARIOS]
 
 
-def _supervisor() -> AbstractBaseUser:
-    """The supervisor whose name the demo's operator actions carry."""
+def current_generation() -> int:
+    """The latest generation of demo runs that exists (1 when none does)."""
+    generation = 1
+    while WorkflowRun.objects.filter(workflow_id__in=generation_ids(generation + 1)).exists():
+        generation += 1
+    return generation
+
+
+def generation_after_reset() -> int:
+    """The generation a reset plays: the next one, or the first if it was never played."""
+    current = current_generation()
+    return current + 1 if WorkflowRun.objects.filter(workflow_id__in=generation_ids(current)).exists() else current
+
+
+def seed_demo(
+    *,
+    sandbox_url: str | None,
+    warn: Callable[[str], object],
+    reset: bool = False,
+    username: str | None = None,
+) -> Seeded:
+    """Play every demo scenario whose run does not exist yet in the current generation; with
+    ``reset``, first terminate the current generation's unfinished runs and play a new one.
+    Returns the generation, its runs' states and how many were new. A scenario whose run
+    exists is left as it is, so seeding again writes nothing (but the demo users' passwords
+    under DEBUG). Refuses (CommandError, before writing) while foreign faults are armed in the
+    sandbox, no supervisor exists, or another seed is playing."""
+    with _one_seed_at_a_time():
+        previous = current_generation()
+        generation = generation_after_reset() if reset else previous
+        ids = generation_ids(generation)
+        existing = set(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("workflow_id", flat=True))
+        pending = [s for s, wid in zip(SCENARIOS, ids, strict=True) if wid not in existing]
+        if pending:
+            _refuse_foreign_faults()
+        if settings.DEBUG:
+            for role in ROLES:
+                create_operator(username=role, group=role, password=role)
+        terminated = 0
+        if pending:
+            supervisor = _supervisor(username)
+            if generation != previous:
+                reason = f"demo reset by {supervisor.get_username()}: played again as generation {generation}"
+                terminated = _close(generation_ids(previous), supervisor, reason)
+            url = (sandbox_url or settings.SANDBOX_URL).rstrip("/")
+            timeout = min(settings.RECOVERY_HTTP_TIMEOUT, SEED_HTTP_TIMEOUT)
+            with (
+                sandbox_server(url) as served,
+                # The seed is the executor of its runs: nothing is handed to Celery meanwhile.
+                _settings(SANDBOX_URL=served, RECOVERY_HTTP_TIMEOUT=timeout, RECOVERY_EXECUTOR="embedded"),
+                _environ(),
+                _model_script(generation) as script,
+            ):
+                os.environ.pop("RECOVERY_FAILPOINTS", None)  # the seed arms its own, where it needs one
+                seeder = Seeder(
+                    supervisor=supervisor,
+                    drop_ms=int((timeout + 0.5) * 1000),
+                    warn=warn,
+                    generation=generation,
+                    script=script,
+                )
+                try:
+                    seeder.play(pending)
+                finally:
+                    seeder.disarm()
+                    seeder.release()
+        states = Counter(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("state", flat=True))
+    return Seeded(generation=generation, states=states, new=len(pending), terminated=terminated)
+
+
+def _close(ids: list[str], supervisor: AbstractBaseUser, reason: str) -> int:
+    """Terminate the unfinished runs among ``ids`` as ``supervisor`` (audited); effects stay made."""
+    closed = 0
+    for workflow_id in (
+        WorkflowRun.objects.filter(workflow_id__in=ids)
+        .exclude(state__in=transitions.TERMINAL_RUN_STATES)
+        .order_by("pk")
+        .values_list("workflow_id", flat=True)
+    ):
+        try:
+            transitions.run_terminate(workflow_id=workflow_id, actor=supervisor, reason=reason)
+        except InvalidTransition as exc:
+            raise CommandError(f"seed_demo --reset: cannot terminate {workflow_id}: {exc}") from None
+        closed += 1
+    return closed
+
+
+@contextmanager
+def _one_seed_at_a_time() -> Iterator[None]:
+    """An exclusive lock on a file beside the embedded database: a second seed (a double click
+    on the demo page's reset) is refused instead of playing the same scenarios twice."""
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CommandError(
+                "another seed_demo is playing the demo right now; try again when it has finished"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
+def _model_script(generation: int) -> Iterator[Path]:
+    """The demo model's script for this generation's invoice ids."""
+    if generation == 1:
+        yield MODEL_SCRIPT
+        return
+    answers = json.loads(MODEL_SCRIPT.read_text())
+    with tempfile.TemporaryDirectory(prefix="seed-demo-") as folder:
+        script = Path(folder) / "model_script.json"
+        script.write_text(json.dumps({invoice_id(k, generation): v for k, v in answers.items()}))
+        yield script
+
+
+def _supervisor(username: str | None = None) -> AbstractBaseUser:
+    """The supervisor whose name the demo's operator actions carry: ``username``, or the first one."""
     User = get_user_model()
-    user = User.objects.filter(groups__name="supervisor", is_active=True).order_by("pk").first()
+    supervisors = User.objects.filter(groups__name="supervisor", is_active=True)
+    if username:
+        user = supervisors.filter(username=username).first()
+        if user is None:
+            raise CommandError(f"no active supervisor {username!r}")
+        return user
+    user = supervisors.order_by("pk").first()
     if user is None:
         raise CommandError(
             "seed_demo needs an active user in the 'supervisor' group for its operator actions: "
@@ -219,11 +356,22 @@ class Seeder:
     """Plays scenarios: each starts its run, arms what its story needs, and drives the run the
     way the executor and the outbox publisher would, until it rests."""
 
-    def __init__(self, *, supervisor: AbstractBaseUser, drop_ms: int, warn: Callable[[str], object]) -> None:
+    def __init__(
+        self,
+        *,
+        supervisor: AbstractBaseUser,
+        drop_ms: int,
+        warn: Callable[[str], object],
+        generation: int = 1,
+        script: Path = MODEL_SCRIPT,
+    ) -> None:
         self.supervisor = supervisor
         self.drop_ms = drop_ms
         self.warn = warn
+        self.generation = generation
+        self.script = script
         self.armed: list[int] = []
+        self.played: list[int] = []
         past = sum(1 for s in SCENARIOS if s.play not in LIVE)
         self.start = timezone.now() - SLOT * (past + 1)
         self.clock = _Clock(self.start)
@@ -241,8 +389,16 @@ class Seeder:
                 self.warn(f"seed_demo: {run.workflow_id} ended {run.state}, expected {expected}")
 
     def _play(self, scenario: Scenario) -> WorkflowRun:
-        run, _ = transitions.run_start(workflow="invoice", data=scenario.event)
+        # Reserved for the seed in real time: executors running beside it (make run's, Celery's)
+        # leave the run alone until the seed has played its story and released it.
+        reserve = (OWNER, timezone.now() + RESERVATION)
+        run, _ = transitions.run_start(workflow="invoice", data=scenario.event(self.generation), reserve=reserve)
+        self.played.append(run.pk)
         return getattr(self, scenario.play)(run)
+
+    def release(self) -> None:
+        """Give the played runs to every executor (the waiting one must be retried by them)."""
+        transitions.runs_release_reservation(run_pks=self.played, owner=OWNER)
 
     def arm(self, service: str, operation: str, mode: str, **options: int) -> None:
         self.armed.append(faults.set_fault(service, operation, mode, **options).pk)
@@ -319,7 +475,7 @@ class Seeder:
 
     def model_off_schema(self, run: WorkflowRun) -> WorkflowRun:
         # The model answers this invoice off schema (MODEL_PROVIDER=scripted, the demo's script).
-        with _settings(MODEL_PROVIDER="scripted", MODEL_SCRIPT=str(MODEL_SCRIPT)):
+        with _settings(MODEL_PROVIDER="scripted", MODEL_SCRIPT=str(self.script)):
             return self.drive(run)
 
     def model_wrong_approver(self, run: WorkflowRun) -> WorkflowRun:
