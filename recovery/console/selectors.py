@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.db.models import Q
+from django.db import connections
+from django.db.models import Q, QuerySet
 
 from recovery.console.why import why_not_moving
 from recovery.errors import ErrorKind
@@ -302,18 +303,28 @@ def runs_page(filters: RunFilters, *, now: datetime) -> tuple[list[WorkflowRun],
     return rows[:PAGE_SIZE], (rows[PAGE_SIZE - 1].pk if len(rows) > PAGE_SIZE else None)
 
 
-def capped_count(qs) -> tuple[int, bool]:
-    """How many rows, counting no further than COUNT_CAP."""
-    n = qs[: COUNT_CAP + 1].count()
-    return min(n, COUNT_CAP), n > COUNT_CAP
+def capped_counts(querysets: list[QuerySet]) -> list[tuple[int, bool]]:
+    """How many rows each queryset has, counting no further than COUNT_CAP: in one query (one
+    scalar subquery per count, each reading at most COUNT_CAP + 1 rows of its own index)."""
+    if not querysets:
+        return []
+    parts, params = [], []
+    for i, qs in enumerate(querysets):
+        sql, sub_params = qs.values("pk")[: COUNT_CAP + 1].query.sql_with_params()
+        parts.append(f"(SELECT COUNT(*) FROM ({sql}) AS capped_{i})")
+        params.extend(sub_params)
+    with connections[querysets[0].db].cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(parts)}", params)
+        row = cursor.fetchone()
+    return [(min(n, COUNT_CAP), n > COUNT_CAP) for n in row]
 
 
 def state_counts() -> list[dict[str, Any]]:
-    out = []
-    for state in RunState:
-        n, capped = capped_count(WorkflowRun.objects.filter(state=state))
-        out.append({"state": state.value, "label": state.label, "count": n, "capped": capped})
-    return out
+    counts = capped_counts([WorkflowRun.objects.filter(state=state) for state in RunState])
+    return [
+        {"state": state.value, "label": state.label, "count": n, "capped": capped}
+        for state, (n, capped) in zip(RunState, counts, strict=True)
+    ]
 
 
 def stuck_counts(*, now: datetime, states: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
@@ -321,12 +332,16 @@ def stuck_counts(*, now: datetime, states: list[dict[str, Any]] | None = None) -
     takes its number from ``states`` (``state_counts()``) when given, rather than counting it
     twice in one request."""
     known = {c["state"]: (c["count"], c["capped"]) for c in states or []}
-    out = []
-    for key, (label, cond) in _stuck_causes(now).items():
-        state = _state_only(cond)
-        n, capped = known[state] if state in known else capped_count(WorkflowRun.objects.filter(cond))
-        out.append({"cause": key, "label": label, "count": n, "capped": capped})
-    return out
+    causes = _stuck_causes(now)
+    to_count = [key for key, (_, cond) in causes.items() if _state_only(cond) not in known]
+    counted = dict(
+        zip(to_count, capped_counts([WorkflowRun.objects.filter(causes[k][1]) for k in to_count]), strict=True)
+    )
+    return [
+        {"cause": key, "label": label, "count": n, "capped": capped}
+        for key, (label, cond) in causes.items()
+        for n, capped in [counted[key] if key in counted else known[_state_only(cond)]]
+    ]
 
 
 def _state_only(cond: Q) -> str | None:

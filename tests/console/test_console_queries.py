@@ -31,9 +31,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # Session, user, the role (once), the page of runs, the steps and the pending four-eyes requests
 # of its unfinished runs ("why is it not moving"), 10 state counts and 8 stuck counts (the other
 # two causes are states: counted once).
-RUNS_PAGE_QUERIES = 24
+# Session, user, role, the page of runs, their steps and approval requests (for "why"), the
+# state counts in one query, the stuck causes in one more.
+RUNS_PAGE_QUERIES = 8
 RUNS_TABLE_QUERIES = 6  # an htmx refresh of the table: no counts
-COUNTS_QUERIES = 21  # an htmx refresh of the counts: no page of runs
+COUNTS_QUERIES = 5  # an htmx refresh of the counts: no page of runs
 # Session, user, role, the run, its steps, audit events, decisions, outbox, saved versions, timeline.
 RUN_PAGE_QUERIES = 10
 
