@@ -302,6 +302,13 @@ def test_search_finds_a_part_of_an_id_or_a_reference_whatever_its_case_and_says_
     assert found("CANCEL_90") == {"order:t:c-010"}  # a compensation's reference too
     assert found(key[:10].upper()) == {"order:t:c-010"}  # the beginning of a key, any case
     assert found(key) == {"order:t:c-010"}
+    # A long text is looked up by its most distinctive word, and the whole text decides.
+    for tenant in ("acme", "globex"):
+        run_start(workflow="test_orders", data={"tenant": tenant, "order_id": "INV-2024-0050000"})
+    assert selectors._distinctive("order:acme:INV-2024-0050000") == "0050000"
+    assert found("order:ACME:inv-2024-0050000") == {"order:acme:INV-2024-0050000"}
+    assert found("2024-0050000") == {"order:acme:INV-2024-0050000", "order:globex:INV-2024-0050000"}
+    assert found("order:acme:INV-2024-0050001") == set()
     empty = viewer.get(reverse("console:runs"), {"q": "nothing-like-this", "state": "failed"}).text
     assert "No run has “nothing-like-this” in its workflow id, business key or a remote reference" in empty
     assert "among the runs that are failed" in empty and "Search every run" in empty
