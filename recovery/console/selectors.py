@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
+from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connections
-from django.db.models import Q, QuerySet, Value
+from django.db.models import BooleanField, F, Func, Q, QuerySet, Value
 from django.db.models.functions import StrIndex, Upper
 
 from recovery.console.why import why_not_moving
@@ -84,6 +85,23 @@ COUNT_CAP = 10_000  # counts above this read "10,000+": no full COUNT(*) over a 
 AGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 
 
+def _runs_among(run_ids: QuerySet) -> Q:
+    """Runs whose id ``run_ids`` (a query of a few ids) returns. On PostgreSQL as ``id =
+    ANY(ARRAY(…))``: the ids are read once and looked up by primary key, where ``IN (…)``
+    becomes a semi join that walks the runs newest first until enough match (a million runs:
+    73,000 rows read, 260 ms, to list the 51 newest of 800 runs with an unknown outcome)."""
+    if connections[run_ids.db].vendor != "postgresql":
+        return Q(pk__in=run_ids)
+    any_of = Func(
+        F("pk"),
+        ArraySubquery(run_ids.order_by()),
+        template="%(expressions)s)",
+        arg_joiner=" = ANY(",
+        output_field=BooleanField(),
+    )
+    return Q(any_of)
+
+
 def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
     """Stuck means a person must act, or something is wrong. Causes found on steps are looked up
     from the steps' side (an index on state), so that a cause with few runs costs few rows, not
@@ -92,12 +110,15 @@ def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
     def runs_with(**step_filter: Any) -> Q:
         return Q(pk__in=StepExecution.objects.filter(**step_filter).values("run_id"))
 
+    def any_run_with(**step_filter: Any) -> Q:  # for a cause not narrowed by the run's state
+        return _runs_among(StepExecution.objects.filter(**step_filter).values("run_id"))
+
     return {
         "needs_review": ("Needs review", Q(state=RunState.NEEDS_REVIEW)),
         # An unknown outcome the engine is not already about to look up again.
         "unknown": (
             "Unknown outcome",
-            runs_with(state=StepState.UNKNOWN) & ~Q(state=RunState.WAITING, next_wake_at__gt=now),
+            any_run_with(state=StepState.UNKNOWN) & ~Q(state=RunState.WAITING, next_wake_at__gt=now),
         ),
         "lease_expired": ("Lease expired", Q(state=RunState.RUNNING, lease_expires_at__lt=now)),
         "exhausted": (
@@ -119,11 +140,11 @@ def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
         ),
         "message_undelivered": (
             "Message undelivered",
-            Q(pk__in=OutboxMessage.objects.filter(state=OutboxState.FAILED).values("run_id")),
+            _runs_among(OutboxMessage.objects.filter(state=OutboxState.FAILED).values("run_id")),
         ),
         "approval": (
             "Waiting for approval",
-            Q(pk__in=ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
+            _runs_among(ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
         ),
     }
 
