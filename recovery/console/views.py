@@ -5,6 +5,7 @@ htmx-config meta); errors of a form land in its ``#flash`` area via HX-Retarget.
 
 from __future__ import annotations
 
+import hashlib
 from functools import wraps
 
 from django.contrib.auth.views import redirect_to_login
@@ -109,6 +110,9 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         "bulk_actions": services.bulk_choices(request.user),
         "selected": set(request.GET.getlist("run")),
         "select_page": request.GET.get("select") == "page",
+        # The parts refresh themselves with the filters and the page only: the selection they
+        # send is the boxes checked now, never the one this page was first asked with.
+        "refresh_query": filters.query(after=filters.after),
         "now": now,
     }
     if partial != "counts":
@@ -193,14 +197,28 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         now=now,
         finished=_finished(detail["run"], now),
     )
+    detail["seen"] = _live_fingerprint(detail)
     if request.htmx and request.GET.get("live"):
         # The page's poll: its live parts, out of band; the actions stay as the operator left
-        # them (a note says when the run has moved on). A finished run stops the polling.
+        # them (a note says when the run has moved on). A finished run stops the polling. While
+        # nothing shown has changed, nothing is swapped (204): a list the operator opened, or
+        # the mark their keyboard is on, stays as it is.
+        if request.GET.get("seen") == detail["seen"] and not detail["finished"]:
+            return HttpResponse(status=204)
         detail["moved"] = request.GET.get("shown") != detail["version"]
         response = render(request, "console/run.html#run-live", detail)
         return HttpResponseStopPolling(response.content) if detail["finished"] else response
     template = "console/run.html#run-body" if request.htmx else "console/run.html"
     return render(request, template, detail, status=status)
+
+
+def _live_fingerprint(detail: dict) -> str:
+    """What the live parts show, in short: the run's version (every change of it, of its steps,
+    of its outbox and its audit trail bumps it), the sentence that reads the clock, and the
+    approvals waiting on it."""
+    approvals = ",".join(str(a["request"].pk) for a in detail["approvals"])
+    text = f"{detail['version']}|{detail['run'].revision}|{detail['why']}|{approvals}|{detail['finished']}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _finished(run: WorkflowRun, now) -> bool:

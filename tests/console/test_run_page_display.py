@@ -3,13 +3,15 @@ history second, JSON as JSON, full keys; it stays live while the run can move an
 when it cannot; and a refusal or a missing button always says why, inside the console."""
 
 import json
+import re
+from datetime import timedelta
 
 import pytest
 from django.urls import reverse
 
 from recovery.console import selectors
 from recovery.engine.executor import advance
-from recovery.engine.transitions import perform, run_compensate, run_start, run_version
+from recovery.engine.transitions import perform, run_claim, run_compensate, run_release, run_start, run_version
 from recovery.models import WorkflowRun
 from sandbox import faults
 from sandbox.models import Fault
@@ -89,6 +91,40 @@ def test_the_page_polls_its_live_parts_while_the_run_can_move_and_stops_when_it_
     assert "Completed" in body and "has changed since the page was loaded" in body
     assert 'hx-trigger="every 3s"' not in body
     assert 'id="run-poll"' not in page(viewer, run)
+
+
+def test_a_poll_that_would_show_nothing_new_swaps_nothing_and_the_clock_alone_can_change_it(clock):
+    """What an operator opened on the page (the event list, an intent) and where their keyboard
+    is stay as they are while nothing shown changes (issue 16, items 6 and 8)."""
+    run = start("quiet")
+    lease = run_claim(run_pk=run.pk, owner="w2@host")
+    run.refresh_from_db()
+    viewer = login("viewer")
+    live = reverse("console:run", args=[run.workflow_id])
+    headers = {"HX-Request": "true", "HX-Target": "run-poll"}
+    seen = re.search(r"seen=(\w+)", page(viewer, run)).group(1)
+
+    unchanged = viewer.get(live, {"live": "1", "shown": run_version(run), "seen": seen}, headers=headers)
+    assert unchanged.status_code == 204 and unchanged.content == b""
+
+    clock.set(run.lease_expires_at + timedelta(seconds=1))  # only the clock moved, and the sentence with it
+    moved_on = viewer.get(live, {"live": "1", "shown": run_version(run), "seen": seen}, headers=headers)
+    body = moved_on.content.decode()
+    assert moved_on.status_code == 200 and "the lease of w2@host expired" in body
+    newer = re.search(r"seen=(\w+)", body).group(1)
+    assert newer != seen
+    assert viewer.get(live, {"live": "1", "seen": newer}, headers=headers).status_code == 204
+
+    run_release(lease=lease, reason="handed back")  # the run itself changes
+    changed = viewer.get(live, {"live": "1", "seen": newer}, headers=headers)
+    assert changed.status_code == 200 and "due now" in changed.content.decode()
+
+
+def test_the_runs_lists_refresh_asks_with_the_filters_and_the_page_never_an_old_selection(clock):
+    operator = login("operator")
+    html = operator.get(reverse("console:runs"), {"state": "failed", "run": "order:t:x", "select": "page"}).text
+    refreshes = re.findall(r'hx-get="([^"]*)" hx-trigger="every', html)
+    assert refreshes == ["/?state=failed", "/?state=failed"]  # the counts and the table
 
 
 def test_a_refusal_outside_htmx_is_a_page_of_the_console_with_a_way_back(clock):
