@@ -7,49 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 
 from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
-from tests.browser.conftest import needs_chromium
+from tests.browser.conftest import needs_chromium, shot
 from tests.support import receivers, workflows
 from tests.support.engine import drive
-
-SHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     needs_chromium,
 ]
-
-
-@pytest.fixture
-def page_as(browser, live_server):
-    pages = []
-
-    def open_as(role: str):
-        user = get_user_model().objects.create_user(role, password=f"{role}-pw")
-        user.groups.add(Group.objects.get_or_create(name=role)[0])
-        context = browser.new_context(viewport={"width": 1360, "height": 900}, accept_downloads=True)
-        page = context.new_page()
-        page.goto(f"{live_server.url}/login/")
-        page.fill("input[name=username]", role)
-        page.fill("input[name=password]", f"{role}-pw")
-        page.click("button[type=submit]")
-        page.wait_for_url(f"{live_server.url}/")
-        pages.append(context)
-        return page
-
-    yield open_as
-    for context in pages:
-        context.close()
-
-
-def shot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def unknown_run(clock, monkeypatch):
