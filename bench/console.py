@@ -72,6 +72,8 @@ class Page:
     name: str
     path: str
     group: str  # list, filter, search, detail or dashboard
+    headers: tuple[tuple[str, str], ...] = ()  # e.g. the htmx poll's
+    status: int = 200  # what the page answers when it works
 
 
 @dataclass
@@ -157,6 +159,7 @@ def pages(session: Session, db_url: str, info: dict, deep: tuple[int, str]) -> l
         Page(DETAIL_BIG, "/runs/" + info["detail_workflow_id"], "detail"),
         Page(DETAIL_SAME_STATE, "/runs/" + same_state_run(db_url, info), "detail"),
         Page("run: completed, 10 events", "/runs/" + info["normal_workflow_id"], "detail"),
+        *live_polls(session, "/runs/" + info["detail_workflow_id"]),
         Page("dashboard", "/dashboard", "dashboard"),
     ]
     return out
@@ -176,17 +179,30 @@ def deep_page(session: Session, n: int) -> tuple[int, str]:
     return page, path
 
 
+def live_polls(session: Session, path: str) -> list[Page]:
+    """The run page's 3 s poll (htmx): when the run has changed since the page last showed it
+    (its live parts, out of band), and when nothing shown has (204, nothing to swap)."""
+    seen = re.search(r"seen=(\w+)", session.get(path).body.decode())
+    if seen is None:
+        raise SystemExit(f"GET {path}: the page has no live poll")
+    poll = (("HX-Request", "true"), ("HX-Target", "run-poll"))
+    return [
+        Page("run: live poll, changed", f"{path}?live=1&shown=x", "detail", poll),
+        Page("run: live poll, unchanged", f"{path}?live=1&shown=x&seen={seen.group(1)}", "detail", poll, 204),
+    ]
+
+
 def measure(session: Session, page: Page, requests: int) -> Measurement:
     result = Measurement(page)
-    warm = session.get(page.path, headers={"X-Bench-Log": "1"})
-    if warm.status != 200:
+    warm = session.get(page.path, headers={**dict(page.headers), "X-Bench-Log": "1"})
+    if warm.status != page.status:
         raise SystemExit(f"GET {page.path}: {warm.status}\n{warm.body[:500]!r}")
     result.bytes = len(warm.body)
     for _ in range(requests):
         started = time.perf_counter()
-        response = session.get(page.path)
+        response = session.get(page.path, headers=dict(page.headers))
         result.ms.append((time.perf_counter() - started) * 1000)
-        if response.status != 200:
+        if response.status != page.status:
             raise SystemExit(f"GET {page.path}: {response.status}")
         result.queries.append(int(response.header("x-queries", "-1")))
         result.db_ms.append(float(response.header("x-db-ms", "0")))

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import hashlib
 from functools import wraps
+from urllib.parse import quote
 
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import RFC3986_SUBDELIMS, url_has_allowed_host_and_scheme
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseStopPolling, reswap, retarget
 
@@ -118,6 +119,9 @@ def runs_list(request: HttpRequest) -> HttpResponse:
     if partial != "counts":
         runs, next_cursor = selectors.runs_page(filters, now=now)
         why.for_page(runs, now=now)
+        prefix = reverse("console:run", args=["-"])[:-1]  # once a page, not once a row
+        for run in runs:
+            run.href = run_href(run.workflow_id, prefix)
         context.update(
             runs=runs,
             narrowed=filters.describe(),
@@ -210,6 +214,13 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         return HttpResponseStopPolling(response.content) if detail["finished"] else response
     template = "console/run.html#run-body" if request.htmx else "console/run.html"
     return render(request, template, detail, status=status)
+
+
+def run_href(workflow_id: str, prefix: str) -> str:
+    """``reverse("console:run", args=[workflow_id])``, quoted as Django quotes it, after the
+    ``prefix`` of that URL: resolving the pattern for every row was a twentieth of the runs
+    list's rendering."""
+    return prefix + quote(workflow_id, safe=RFC3986_SUBDELIMS + "/~:@")
 
 
 def _live_fingerprint(detail: dict) -> str:

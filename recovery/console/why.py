@@ -163,6 +163,22 @@ def _failed(run: WorkflowRun, steps: list[StepExecution]) -> str:
     return f"{where}; nothing was written elsewhere"
 
 
+# What the sentence reads of a step: a page of runs loads no intent, result or decision.
+WHY_STEP_FIELDS = (
+    "run_id",
+    "step_name",
+    "position",
+    "state",
+    "attempts",
+    "budget_start_attempt",
+    "format_failures",
+    "last_error_kind",
+    "last_error",
+    "next_attempt_at",
+    "refusal",
+)
+
+
 def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:
     """Set ``run.why`` on each run of a list page: their steps in one query, and their pending
     four-eyes requests in another where a workflow has four-eyes actions (none for a page of
@@ -171,7 +187,7 @@ def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:
     steps: dict[int, list[StepExecution]] = defaultdict(list)
     approvals: dict[int, list[ApprovalRequest]] = defaultdict(list)
     if moving:
-        for step in StepExecution.objects.filter(run_id__in=moving):
+        for step in StepExecution.objects.filter(run_id__in=moving).only(*WHY_STEP_FIELDS):
             steps[step.run_id].append(step)
     if moving and any(workflow.four_eyes for workflow in all_workflows()):
         pending = ApprovalRequest.objects.filter(run_id__in=moving, state=ApprovalState.PENDING)

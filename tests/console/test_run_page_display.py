@@ -185,3 +185,13 @@ def test_the_timeline_compresses_a_long_quiet_gap_marks_operators_and_lists_ever
     html = page(login("viewer"), run)
     assert "+2 h 13 min" in html and "retry create_task — by olga" in html
     assert html.count('tabindex="0"') >= len(line["marks"]) + 1  # every mark and the operator line focusable
+
+
+@pytest.mark.parametrize("workflow_id", ["order:t:o-1", "order:t:a b/c?d#e%f", "order:ümlaut:ä&x=1", "order:t:+;,'()*"])
+def test_the_runs_list_links_each_run_exactly_as_reverse_would(workflow_id):
+    from django.urls import reverse as django_reverse
+
+    from recovery.console.views import run_href
+
+    prefix = django_reverse("console:run", args=["-"])[:-1]
+    assert run_href(workflow_id, prefix) == django_reverse("console:run", args=[workflow_id])
