@@ -13,12 +13,13 @@ production's default) plus ``bench/querycount.py``'s server-side query counter, 
 ``/login/`` and requests each page ``--requests`` times, one at a time, after one logged warm-up:
 
 - the runs list: the first page, and page ``--deep-page`` (500) reached through its keyset
-  ``rel="next"`` links;
+  ``rel="next"`` links; and its counts part (the chips' numbers, an htmx request of its own);
 - every stuck filter the runs page offers (read from the page), ``stuck=any``, and a state filter;
 - search (``q``) by a full workflow id, a workflow id prefix, an idempotency key and a remote
   reference (all of an old run, the worst case for a newest-first list), and the business-key
   prefix filter (``key``);
-- the run page of the run with 1,000 audit events, and of an ordinary run;
+- the run page of the run with 1,000 audit events, and of an ordinary run; its live poll, when
+  the run has changed and when nothing has;
 - the dashboard.
 
 It prints, per page, p50 / p95 of the client-side time (the whole response), the SQL queries per
@@ -149,6 +150,8 @@ def pages(session: Session, db_url: str, info: dict, deep: tuple[int, str]) -> l
     out = [
         Page("runs: first page", "/", "list"),
         Page(f"runs: page {deep[0]} (keyset)", deep[1], "list"),
+        # The chips' numbers, which a list page fetches apart as soon as it has loaded.
+        Page("runs: counts (htmx)", "/?state=", "list", (("HX-Request", "true"), ("HX-Target", "counts"))),
         *[Page(f"stuck={cause}", q(stuck=cause), "filter") for cause in causes],
         Page("state=failed", q(state="failed"), "filter"),
         Page("q=workflow id", q(q=wid), "search"),

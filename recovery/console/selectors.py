@@ -363,6 +363,17 @@ def capped_counts(querysets: list[QuerySet]) -> list[tuple[int, bool]]:
     return [(min(n, COUNT_CAP), n > COUNT_CAP) for n in row]
 
 
+def uncounted() -> dict[str, list[dict[str, Any]]]:
+    """The state and stuck chips without their numbers (``count`` None), for a page whose counts
+    are fetched apart."""
+    return {
+        "state_counts": [{"state": s.value, "label": s.label, "count": None, "capped": False} for s in RunState],
+        "stuck_counts": [
+            {"cause": key, "label": label, "count": None, "capped": False} for key, label in STUCK_LABELS.items()
+        ],
+    }
+
+
 def state_counts() -> list[dict[str, Any]]:
     counts = capped_counts([WorkflowRun.objects.filter(state=state) for state in RunState])
     return [

@@ -130,9 +130,13 @@ def runs_list(request: HttpRequest) -> HttpResponse:
             next_query=filters.query(after=next_cursor) if next_cursor else "",
             first_query=filters.query(),
         )
-    if partial != "runs-table":
+    if partial == "counts":
         states = selectors.state_counts()
         context.update(state_counts=states, stuck_counts=selectors.stuck_counts(now=now, states=states))
+    elif partial is None:
+        # The whole page comes without its numbers: the chips are there to click at once, and
+        # their counts (a third of the page's SQL) follow in the counts part's own request.
+        context.update(counting=True, **selectors.uncounted())
     return render(request, f"console/runs.html#{partial}" if partial else "console/runs.html", context)
 
 
