@@ -27,8 +27,9 @@ request (counted server-side), their total time and the slowest query; then ``EX
 BUFFERS)`` of the slowest query of each page that misses its target (``--explain all``: of every
 page); then the table; and last one line of JSON with the figures and whether the targets hold:
 p95 < 100 ms for the list, the filters, search and the run page; at most ``--max-queries``
-queries per page and the same number whatever the rows shown (list pages of 50 rows and of 1;
-the run with 1,000 events and a run in the same state with ten: no N+1); no full count: every
+queries per page and the same number whatever the rows shown (list pages of 50 rows and of 1,
+but for the two reads a page with no unfinished run skips; the run with 1,000 events and a run
+in the same state with ten: no N+1); no full count: every
 ``COUNT(`` without a ``LIMIT`` (the console caps its counts at ``selectors.COUNT_CAP``) is run
 under ``EXPLAIN ANALYZE`` and fails if its scans read more than COUNT_CAP rows. Queries repeated
 word for word within a request are counted too. The load average before and after is in the JSON:
@@ -63,6 +64,7 @@ from bench.server import Server, Session, create_supervisor, next_link  # noqa: 
 TARGET_MS = 100.0
 COUNT_CAP = 10_000  # recovery.console.selectors.COUNT_CAP
 TARGET_GROUPS = ("list", "filter", "search", "detail")
+OPTIONAL_READS = 2  # a list page with no unfinished run reads neither their steps nor their requests
 FULL_COUNT = re.compile(r"\bCOUNT\(", re.IGNORECASE)
 DETAIL_BIG = "run: 1,000 audit events"
 DETAIL_SAME_STATE = "run: same state, 10 events"
@@ -289,13 +291,18 @@ def print_table(results: list[Measurement]) -> None:
 
 
 def verdict(results: list[Measurement], max_queries: int) -> dict:
-    """Queries are constant when every list page (50 rows or 1) issues as many, the run page
-    with 1,000 audit events as many as a run in the same state with ten, and none more than
-    ``max_queries``."""
+    """Queries are constant when the list pages (50 rows or 1) issue as many, but for the
+    OPTIONAL_READS a page skips when none of its runs is unfinished (the steps and the pending
+    requests its "why" sentences read), the run page with 1,000 audit events as many as a run
+    in the same state with ten, and none more than ``max_queries``: no N+1."""
     by_name = {m.page.name: m for m in results}
     listing = {m.max_queries for m in results if m.page.group in ("list", "filter", "search")}
     same_state = {by_name[name].max_queries for name in (DETAIL_BIG, DETAIL_SAME_STATE) if name in by_name}
-    constant = len(listing) <= 1 and len(same_state) <= 1 and max(m.max_queries for m in results) <= max_queries
+    constant = (
+        (max(listing) - min(listing) <= OPTIONAL_READS if listing else True)
+        and len(same_state) <= 1
+        and max(m.max_queries for m in results) <= max_queries
+    )
     return {
         "p95_under_100ms": all(m.meets_target for m in results),
         "misses": [name for name, m in by_name.items() if not m.meets_target],
