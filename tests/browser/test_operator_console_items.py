@@ -20,7 +20,6 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from playwright.sync_api import expect
 
-from recovery.engine import failpoints
 from recovery.engine.executor import advance
 from recovery.engine.transitions import run_compensate, run_start, run_terminate
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState, WorkflowRun
@@ -28,7 +27,7 @@ from sandbox import faults
 from sandbox.models import Fault
 from tests.browser.conftest import needs_chromium, shot
 from tests.support import receivers
-from tests.support.engine import drive
+from tests.support.engine import crash_at, drive
 
 pytestmark = [
     pytest.mark.slow,
@@ -311,10 +310,7 @@ def test_item3_the_why_sentence_is_on_the_list_row_and_on_the_run_page(page_as, 
         "(attempt 2 of 4; rate_limited: task: 429 too many requests)"
     )
     held = start("why-held")
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", "create_task:after_call=raise")
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(held.pk, owner="w2@host")
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, "create_task:after_call", lambda: advance(held.pk, owner="w2@host"))
     held.refresh_from_db()
     assert held.state == RunState.RUNNING and held.lease_expires_at > clock.now()
     held_says = f"held by executor w2@host until {held.lease_expires_at:%H:%M:%S} (lease), running create_task"

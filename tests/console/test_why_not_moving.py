@@ -13,13 +13,12 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from recovery.console.selectors import RunFilters
-from recovery.engine import failpoints
 from recovery.engine.executor import advance
 from recovery.engine.transitions import approval_request, run_start
 from recovery.models import RunState, WorkflowRun
 from tests.support import receivers, workflows
 from tests.support.console import login
-from tests.support.engine import drive, person
+from tests.support.engine import crash_at, drive, person
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,10 +60,7 @@ def test_a_run_waiting_to_retry_says_which_step_when_and_which_attempt(said, clo
 
 def test_a_held_run_names_its_executor_and_a_lost_lease_says_so(said, clock, monkeypatch):
     run = start("held")
-    monkeypatch.setenv("RECOVERY_FAILPOINTS", "create_task:after_call=raise")
-    with pytest.raises(failpoints.FailpointRaised):
-        advance(run.pk, owner="w2@host")
-    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    crash_at(monkeypatch, "create_task:after_call", lambda: advance(run.pk, owner="w2@host"))
     run.refresh_from_db()
     until = f"{run.lease_expires_at:%H:%M:%S}"
     assert said(run)[1] == f"held by executor w2@host until {until} (lease), running create_task"
