@@ -4,7 +4,6 @@ served by the sandbox app: the engine and the console know nothing of the simula
 
 from __future__ import annotations
 
-import fcntl
 import subprocess
 import sys
 from typing import Any
@@ -44,7 +43,7 @@ def demo_context() -> dict[str, Any]:
         "targets": [f"{service} {op}" for service, ops in FAULTABLE.items() for op in ops],
         "modes": FaultMode.values,
         "generation": seed_demo.current_generation(),
-        "reset_playing": _seed_playing(),
+        "reset_playing": seed_demo.seed_playing(),
         "reset_log": _last_lines(RESET_LOG),
     }
 
@@ -90,7 +89,7 @@ def start_reset(actor: AbstractBaseUser) -> str:
     """Start ``seed_demo --reset --as ACTOR`` in a process of its own (the seed drives the
     engine's clock, which is one per process; the executors running beside it leave the runs
     it plays alone). Raises ValueError while a seed is playing."""
-    if _seed_playing():
+    if seed_demo.seed_playing():
         raise ValueError("a seed is playing the demo right now; reload this page in a minute")
     RESET_LOG.parent.mkdir(parents=True, exist_ok=True)
     argv = ["seed_demo", "--reset", "--as", actor.get_username()]
@@ -110,18 +109,6 @@ def start_reset(actor: AbstractBaseUser) -> str:
         f"reset started by {actor.get_username()}: the demo runs play again as new runs{ids} within a minute or "
         "two; the unfinished ones of the previous play are terminated, nothing is deleted"
     )
-
-
-def _seed_playing() -> bool:
-    """Whether a seed holds the seed's lock now."""
-    seed_demo.LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with seed_demo.LOCK.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-        return False
 
 
 def _last_lines(path, count: int = 3) -> list[str]:

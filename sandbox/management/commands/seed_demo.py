@@ -194,9 +194,10 @@ def current_generation() -> int:
     return generation
 
 
-def generation_after_reset() -> int:
-    """The generation a reset plays: the next one, or the first if it was never played."""
-    current = current_generation()
+def generation_after_reset(current: int | None = None) -> int:
+    """The generation a reset plays: the next one after ``current`` (default: the latest that
+    exists), or the first if it was never played."""
+    current = current_generation() if current is None else current
     return current + 1 if WorkflowRun.objects.filter(workflow_id__in=generation_ids(current)).exists() else current
 
 
@@ -215,7 +216,7 @@ def seed_demo(
     sandbox, no supervisor exists, or another seed is playing."""
     with _one_seed_at_a_time():
         previous = current_generation()
-        generation = generation_after_reset() if reset else previous
+        generation = generation_after_reset(previous) if reset else previous
         ids = generation_ids(generation)
         existing = set(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("workflow_id", flat=True))
         pending = [s for s, wid in zip(SCENARIOS, ids, strict=True) if wid not in existing]
@@ -271,6 +272,15 @@ def _close(ids: list[str], supervisor: AbstractBaseUser, reason: str) -> int:
             raise CommandError(f"seed_demo --reset: cannot terminate {workflow_id}: {exc}") from None
         closed += 1
     return closed
+
+
+def seed_playing() -> bool:
+    """Whether a seed holds the lock of ``_one_seed_at_a_time`` now."""
+    try:
+        with _one_seed_at_a_time():
+            return False
+    except CommandError:
+        return True
 
 
 @contextmanager
