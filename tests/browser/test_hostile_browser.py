@@ -66,7 +66,10 @@ class Watched:
 
     def provoke(self) -> None:
         """Fire what an injected attribute would listen to: pointer, focus and animation events on
-        every element, and a real hover over each table row and link."""
+        every element, and a real hover over each table row and link. First the parts a page
+        fetches once loaded (the runs list's counts, aria-busy until then) have arrived: a row
+        replaced under the pointer cannot be hovered."""
+        self.page.wait_for_function("() => !document.querySelector('[aria-busy=true]')")
         self.page.evaluate(
             """() => { for (const el of document.querySelectorAll("body *")) {
                  for (const type of ["mouseover", "mouseenter", "focus", "animationstart"]) {
