@@ -30,7 +30,7 @@ p95 < 100 ms for the list, the filters, search and the run page; at most ``--max
 queries per page and the same number whatever the rows shown (list pages of 50 rows and of 1,
 but for the two reads a page with no unfinished run skips; the run with 1,000 events and a run
 in the same state with ten: no N+1); no full count: every
-``COUNT(`` without a ``LIMIT`` (the console caps its counts at ``selectors.COUNT_CAP``) is run
+``COUNT(`` without a ``LIMIT`` (the console caps its counts at ``counts.COUNT_CAP``) is run
 under ``EXPLAIN ANALYZE`` and fails if its scans read more than COUNT_CAP rows. Queries repeated
 word for word within a request are counted too. The load average before and after is in the JSON:
 another CPU-heavy process on this two-core machine makes every figure noisy.
@@ -62,7 +62,7 @@ from bench import seed  # noqa: E402
 from bench.server import Server, Session, create_supervisor, next_link  # noqa: E402
 
 TARGET_MS = 100.0
-COUNT_CAP = 10_000  # recovery.console.selectors.COUNT_CAP
+COUNT_CAP = 10_000  # recovery.counts.COUNT_CAP
 TARGET_GROUPS = ("list", "filter", "search", "detail")
 OPTIONAL_READS = 2  # a list page with no unfinished run reads neither their steps nor their requests
 FULL_COUNT = re.compile(r"\bCOUNT\(", re.IGNORECASE)

@@ -20,7 +20,7 @@ rows take about five minutes on two cores (280 s measured).
 The data (deterministic for a given ``--seed``): runs spread over ``--days`` days (newest last,
 ids in creation order), mostly completed; about 1% failed, compensated or terminated; the newest
 0.3% still live (pending, running with a valid lease, waiting for a retry); and 0.4% stuck
-(at least 12), covering every cause of ``recovery.console.selectors._stuck_causes``: needs review
+(at least 12), covering every cause of ``recovery.counts.stuck_causes``: needs review
 (a refused message), unknown outcome (in review, and waiting for a deferred reconciliation),
 lease expired, retries exhausted, compensation failed, and model output invalid. Workflow ids
 look like ``invoice:<tenant>:<invoice number>``, idempotency keys are the engine's own
@@ -238,7 +238,7 @@ KINDS: dict[str, tuple[str, int]] = {
     "pending": ("pending", 0),
     "running": ("running", 3),
     "waiting": ("waiting", 4),
-    # stuck, one kind per cause (selectors._stuck_causes); "unknown" twice: in review and waiting
+    # stuck, one kind per cause (counts.stuck_causes); "unknown" twice: in review and waiting
     "review": ("needs_review", 3),
     "unknown_review": ("needs_review", 2),
     "unknown_waiting": ("waiting", 4),

@@ -4,28 +4,21 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
-from django.contrib.postgres.expressions import ArraySubquery
-from django.db import connections
-from django.db.models import BooleanField, F, Func, Q, QuerySet, Value
+from django.db.models import Q, Value
 from django.db.models.functions import StrIndex, Upper
 from django.utils.timezone import localtime
 
 from recovery.console.why import why_not_moving
-from recovery.errors import ErrorKind
+from recovery.counts import STUCK_LABELS, stuck_causes
 from recovery.models import (
-    ApprovalRequest,
-    ApprovalState,
     DecisionState,
-    OutboxMessage,
-    OutboxState,
     RunSearch,
     RunState,
     StepExecution,
-    StepState,
     WorkflowRun,
 )
 
@@ -81,76 +74,8 @@ def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
 # --- the console ------------------------------------------------------------------------
 
 PAGE_SIZE = 50
-COUNT_CAP = 10_000  # counts above this read "10,000+": no full COUNT(*) over a big table per request
 
 AGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
-
-
-def _runs_among(run_ids: QuerySet) -> Q:
-    """Runs whose id ``run_ids`` (a query of a few ids) returns. On PostgreSQL as ``id =
-    ANY(ARRAY(…))``: the ids are read once and looked up by primary key, where ``IN (…)``
-    becomes a semi join that walks the runs newest first until enough match (a million runs:
-    73,000 rows read, 260 ms, to list the 51 newest of 800 runs with an unknown outcome)."""
-    if connections[run_ids.db].vendor != "postgresql":
-        return Q(pk__in=run_ids)
-    any_of = Func(
-        F("pk"),
-        ArraySubquery(run_ids.order_by()),
-        template="%(expressions)s)",
-        arg_joiner=" = ANY(",
-        output_field=BooleanField(),
-    )
-    return Q(any_of)
-
-
-def _stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
-    """Stuck means a person must act, or something is wrong. Causes found on steps are looked up
-    from the steps' side (an index on state), so that a cause with few runs costs few rows, not
-    a scan of every run; those of a rare run state start from the runs of that state."""
-
-    def runs_with(**step_filter: Any) -> Q:
-        return Q(pk__in=StepExecution.objects.filter(**step_filter).values("run_id"))
-
-    def any_run_with(**step_filter: Any) -> Q:  # for a cause not narrowed by the run's state
-        return _runs_among(StepExecution.objects.filter(**step_filter).values("run_id"))
-
-    return {
-        "needs_review": ("Needs review", Q(state=RunState.NEEDS_REVIEW)),
-        # An unknown outcome the engine is not already about to look up again.
-        "unknown": (
-            "Unknown outcome",
-            any_run_with(state=StepState.UNKNOWN) & ~Q(state=RunState.WAITING, next_wake_at__gt=now),
-        ),
-        "lease_expired": ("Lease expired", Q(state=RunState.RUNNING, lease_expires_at__lt=now)),
-        "exhausted": (
-            "Retries exhausted",
-            Q(state=RunState.NEEDS_REVIEW)
-            & runs_with(state=StepState.FAILED, last_error_kind__in=[ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED]),
-        ),
-        "failed_with_effects": ("Failed, effects stand", Q(state=RunState.FAILED, effects_stand=True)),
-        "compensation_failed": ("Compensation failed", Q(state=RunState.COMPENSATION_FAILED)),
-        "policy_refused": (
-            "Policy refused",
-            Q(state=RunState.NEEDS_REVIEW)
-            & runs_with(state=StepState.PENDING, last_error_kind=ErrorKind.POLICY_REFUSED),
-        ),
-        "model_output": (
-            "Paused for model output",
-            Q(state=RunState.NEEDS_REVIEW)
-            & runs_with(state=StepState.FAILED, last_error_kind=ErrorKind.INVALID_MODEL_OUTPUT),
-        ),
-        "message_undelivered": (
-            "Message undelivered",
-            _runs_among(OutboxMessage.objects.filter(state=OutboxState.FAILED).values("run_id")),
-        ),
-        "approval": (
-            "Waiting for approval",
-            _runs_among(ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
-        ),
-    }
-
-
-STUCK_LABELS = {key: label for key, (label, _) in _stuck_causes(datetime.now(UTC)).items()}
 
 
 @dataclass(frozen=True)
@@ -224,7 +149,7 @@ class RunFilters:
         if self.age:
             qs = qs.filter(created_at__lte=now - AGES[self.age])
         if self.stuck:
-            causes = _stuck_causes(now)
+            causes = stuck_causes(now)
             if self.stuck == "any":
                 cond = Q()
                 for _, q in causes.values():
@@ -348,22 +273,6 @@ def runs_page(filters: RunFilters, *, now: datetime) -> tuple[list[WorkflowRun],
     return rows[:PAGE_SIZE], (rows[PAGE_SIZE - 1].pk if len(rows) > PAGE_SIZE else None)
 
 
-def capped_counts(querysets: list[QuerySet]) -> list[tuple[int, bool]]:
-    """How many rows each queryset has, counting no further than COUNT_CAP: in one query (one
-    scalar subquery per count, each reading at most COUNT_CAP + 1 rows of its own index)."""
-    if not querysets:
-        return []
-    parts, params = [], []
-    for i, qs in enumerate(querysets):
-        sql, sub_params = qs.values("pk")[: COUNT_CAP + 1].query.sql_with_params()
-        parts.append(f"(SELECT COUNT(*) FROM ({sql}) AS capped_{i})")
-        params.extend(sub_params)
-    with connections[querysets[0].db].cursor() as cursor:
-        cursor.execute(f"SELECT {', '.join(parts)}", params)
-        row = cursor.fetchone()
-    return [(min(n, COUNT_CAP), n > COUNT_CAP) for n in row]
-
-
 def uncounted() -> dict[str, list[dict[str, Any]]]:
     """The state and stuck chips without their numbers (``count`` None), for a page whose counts
     are fetched apart."""
@@ -373,40 +282,6 @@ def uncounted() -> dict[str, list[dict[str, Any]]]:
             {"cause": key, "label": label, "count": None, "capped": False} for key, label in STUCK_LABELS.items()
         ],
     }
-
-
-def state_counts() -> list[dict[str, Any]]:
-    counts = capped_counts([WorkflowRun.objects.filter(state=state) for state in RunState])
-    return [
-        {"state": state.value, "label": state.label, "count": n, "capped": capped}
-        for state, (n, capped) in zip(RunState, counts, strict=True)
-    ]
-
-
-def stuck_counts(*, now: datetime, states: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Runs per stuck cause. A cause that is just a state (needs review, compensation failed)
-    takes its number from ``states`` (``state_counts()``) when given, rather than counting it
-    twice in one request."""
-    known = {c["state"]: (c["count"], c["capped"]) for c in states or []}
-    causes = _stuck_causes(now)
-    to_count = [key for key, (_, cond) in causes.items() if _state_only(cond) not in known]
-    counted = dict(
-        zip(to_count, capped_counts([WorkflowRun.objects.filter(causes[k][1]) for k in to_count]), strict=True)
-    )
-    return [
-        {"cause": key, "label": label, "count": n, "capped": capped}
-        for key, (label, cond) in causes.items()
-        for n, capped in [counted[key] if key in counted else known[_state_only(cond)]]
-    ]
-
-
-def _state_only(cond: Q) -> str | None:
-    """The state of a condition that is exactly ``Q(state=…)``, else None."""
-    if not cond.negated and len(cond.children) == 1 and isinstance(cond.children[0], tuple):
-        name, value = cond.children[0]
-        if name == "state":
-            return value
-    return None
 
 
 def workflow_names() -> list[str]:

@@ -13,9 +13,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count
 from django.db.models.functions import TruncHour
 
-from recovery import clock
+from recovery import clock, counts
 from recovery.actions import ACTIONS, BULK_ACTIONS, StepArg, parse_decision
-from recovery.console import selectors
 from recovery.engine import transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
 from recovery.models import FAILURE_ACTIONS, AuditEvent, StepExecution, StepState, WorkflowRun
@@ -308,8 +307,8 @@ def dashboard(*, now: datetime) -> dict[str, Any]:
         bucket = unknown if row["action"] == "step_unknown" else retries
         if row["hour"] in bucket:
             bucket[row["hour"]] += row["n"]
-    states = selectors.state_counts()
-    stuck = selectors.stuck_counts(now=now, states=states)
+    states = counts.state_counts()
+    stuck = counts.stuck_counts(now=now, states=states)
     return {
         "states": _bars([(c["label"], c["count"], f"?state={c['state']}") for c in states]),
         "stuck": _bars([(c["label"], c["count"], f"?stuck={c['cause']}") for c in stuck]),

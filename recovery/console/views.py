@@ -17,7 +17,7 @@ from django.utils.http import RFC3986_SUBDELIMS, url_has_allowed_host_and_scheme
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseStopPolling, reswap, retarget
 
-from recovery import clock
+from recovery import clock, counts
 from recovery.actions import PERMISSION_OF
 from recovery.console import selectors, services, why
 from recovery.engine.transitions import TERMINAL_RUN_STATES, lease_is_live, run_version
@@ -103,7 +103,7 @@ def runs_list(request: HttpRequest) -> HttpResponse:
     partial = request.htmx.target if request.htmx and request.htmx.target in ("counts", "runs-table") else None
     context = {
         "filters": filters,
-        "stuck_labels": selectors.STUCK_LABELS,
+        "stuck_labels": counts.STUCK_LABELS,
         "workflows": selectors.workflow_names(),
         "ages": list(selectors.AGES),
         "states": WorkflowRun._meta.get_field("state").choices,
@@ -131,8 +131,8 @@ def runs_list(request: HttpRequest) -> HttpResponse:
             first_query=filters.query(),
         )
     if partial == "counts":
-        states = selectors.state_counts()
-        context.update(state_counts=states, stuck_counts=selectors.stuck_counts(now=now, states=states))
+        states = counts.state_counts()
+        context.update(state_counts=states, stuck_counts=counts.stuck_counts(now=now, states=states))
     elif partial is None:
         # The whole page comes without its numbers: the chips are there to click at once, and
         # their counts (a third of the page's SQL) follow in the counts part's own request.

@@ -1,0 +1,183 @@
+"""How many runs are in each state and stuck for each cause: the one source of these numbers
+for the console's chips, the dashboard and the metrics' gauges (recovery.observability).
+
+Every count is capped (COUNT_CAP): a number above it reads "10,000+" in the console and is
+reported as COUNT_CAP by the metrics, so no page or scrape counts a million rows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib.postgres.expressions import ArraySubquery
+from django.db import connections
+from django.db.models import BooleanField, F, Func, Min, Q, QuerySet
+
+from recovery.errors import ErrorKind
+from recovery.models import (
+    ApprovalRequest,
+    ApprovalState,
+    OutboxMessage,
+    OutboxState,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowRun,
+)
+
+COUNT_CAP = 10_000  # counts above this read "10,000+": no full COUNT(*) over a big table per request
+
+
+def runs_among(run_ids: QuerySet) -> Q:
+    """Runs whose id ``run_ids`` (a query of a few ids) returns. On PostgreSQL as ``id =
+    ANY(ARRAY(…))``: the ids are read once and looked up by primary key, where ``IN (…)``
+    becomes a semi join that walks the runs newest first until enough match (a million runs:
+    73,000 rows read, 260 ms, to list the 51 newest of 800 runs with an unknown outcome)."""
+    if connections[run_ids.db].vendor != "postgresql":
+        return Q(pk__in=run_ids)
+    any_of = Func(
+        F("pk"),
+        ArraySubquery(run_ids.order_by()),
+        template="%(expressions)s)",
+        arg_joiner=" = ANY(",
+        output_field=BooleanField(),
+    )
+    return Q(any_of)
+
+
+def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
+    """Stuck means a person must act, or something is wrong. Causes found on steps are looked up
+    from the steps' side (an index on state), so that a cause with few runs costs few rows, not
+    a scan of every run; those of a rare run state start from the runs of that state."""
+
+    def runs_with(**step_filter: Any) -> Q:
+        return Q(pk__in=StepExecution.objects.filter(**step_filter).values("run_id"))
+
+    def any_run_with(**step_filter: Any) -> Q:  # for a cause not narrowed by the run's state
+        return runs_among(StepExecution.objects.filter(**step_filter).values("run_id"))
+
+    return {
+        "needs_review": ("Needs review", Q(state=RunState.NEEDS_REVIEW)),
+        # An unknown outcome the engine is not already about to look up again.
+        "unknown": (
+            "Unknown outcome",
+            any_run_with(state=StepState.UNKNOWN) & ~Q(state=RunState.WAITING, next_wake_at__gt=now),
+        ),
+        "lease_expired": ("Lease expired", Q(state=RunState.RUNNING, lease_expires_at__lt=now)),
+        "exhausted": (
+            "Retries exhausted",
+            Q(state=RunState.NEEDS_REVIEW)
+            & runs_with(state=StepState.FAILED, last_error_kind__in=[ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED]),
+        ),
+        "failed_with_effects": ("Failed, effects stand", Q(state=RunState.FAILED, effects_stand=True)),
+        "compensation_failed": ("Compensation failed", Q(state=RunState.COMPENSATION_FAILED)),
+        "policy_refused": (
+            "Policy refused",
+            Q(state=RunState.NEEDS_REVIEW)
+            & runs_with(state=StepState.PENDING, last_error_kind=ErrorKind.POLICY_REFUSED),
+        ),
+        "model_output": (
+            "Paused for model output",
+            Q(state=RunState.NEEDS_REVIEW)
+            & runs_with(state=StepState.FAILED, last_error_kind=ErrorKind.INVALID_MODEL_OUTPUT),
+        ),
+        "message_undelivered": (
+            "Message undelivered",
+            runs_among(OutboxMessage.objects.filter(state=OutboxState.FAILED).values("run_id")),
+        ),
+        "approval": (
+            "Waiting for approval",
+            runs_among(ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
+        ),
+    }
+
+
+STUCK_LABELS = {key: label for key, (label, _) in stuck_causes(datetime.now(UTC)).items()}
+
+
+def capped_counts(querysets: list[QuerySet]) -> list[tuple[int, bool]]:
+    """How many rows each queryset has, counting no further than COUNT_CAP: in one query (one
+    scalar subquery per count, each reading at most COUNT_CAP + 1 rows of its own index)."""
+    if not querysets:
+        return []
+    parts, params = [], []
+    for i, qs in enumerate(querysets):
+        sql, sub_params = qs.values("pk")[: COUNT_CAP + 1].query.sql_with_params()
+        parts.append(f"(SELECT COUNT(*) FROM ({sql}) AS capped_{i})")
+        params.extend(sub_params)
+    with connections[querysets[0].db].cursor() as cursor:
+        cursor.execute(f"SELECT {', '.join(parts)}", params)
+        row = cursor.fetchone()
+    return [(min(n, COUNT_CAP), n > COUNT_CAP) for n in row]
+
+
+def state_counts() -> list[dict[str, Any]]:
+    counts = capped_counts([WorkflowRun.objects.filter(state=state) for state in RunState])
+    return [
+        {"state": state.value, "label": state.label, "count": n, "capped": capped}
+        for state, (n, capped) in zip(RunState, counts, strict=True)
+    ]
+
+
+def stuck_counts(*, now: datetime, states: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Runs per stuck cause. A cause that is just a state (needs review, compensation failed)
+    takes its number from ``states`` (``state_counts()``) when given, rather than counting it
+    twice in one request."""
+    known = {c["state"]: (c["count"], c["capped"]) for c in states or []}
+    causes = stuck_causes(now)
+    to_count = [key for key, (_, cond) in causes.items() if _state_only(cond) not in known]
+    counted = dict(
+        zip(to_count, capped_counts([WorkflowRun.objects.filter(causes[k][1]) for k in to_count]), strict=True)
+    )
+    return [
+        {"cause": key, "label": label, "count": n, "capped": capped}
+        for key, (label, cond) in causes.items()
+        for n, capped in [counted[key] if key in counted else known[_state_only(cond)]]
+    ]
+
+
+def by_workflow(workflows: list[str], *, now: datetime) -> dict[str, dict[tuple[str, str], tuple[int, bool]]]:
+    """Runs by (workflow, state) and stuck runs by (workflow, cause), each capped, in one
+    statement: ``{"states": {(workflow, state): (n, capped)}, "stuck": {(workflow, cause): …}}``.
+    Each count reads one index range of ``run_workflow_state_idx`` (or a cause's few ids); a
+    cause that is just a state takes that state's number."""
+    causes = stuck_causes(now)
+    counted = [key for key, (_, cond) in causes.items() if _state_only(cond) is None]
+    keys: list[tuple[str, str, str]] = []
+    querysets = []
+    for name in workflows:
+        runs = WorkflowRun.objects.filter(workflow_name=name)
+        for state in RunState:
+            keys.append(("states", name, state.value))
+            querysets.append(runs.filter(state=state))
+        for cause in counted:
+            keys.append(("stuck", name, cause))
+            querysets.append(runs.filter(causes[cause][1]))
+    found: dict[str, dict[tuple[str, str], tuple[int, bool]]] = {"states": {}, "stuck": {}}
+    for (kind, name, label), count in zip(keys, capped_counts(querysets), strict=True):
+        found[kind][(name, label)] = count
+    for name in workflows:
+        for cause, (_, cond) in causes.items():
+            state = _state_only(cond)
+            if state is not None:
+                found["stuck"][(name, cause)] = found["states"][(name, state)]
+    return found
+
+
+def oldest_undelivered(now: datetime) -> float:
+    """Seconds since the oldest outbox message not yet delivered (pending, or failed and waiting
+    for an operator) was written; 0 when every message is delivered. Reads the undelivered
+    messages only (outbox_due_idx starts with the state)."""
+    oldest = OutboxMessage.objects.filter(state__in=[OutboxState.PENDING, OutboxState.FAILED]).aggregate(
+        at=Min("created_at")
+    )["at"]
+    return max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+
+
+def _state_only(cond: Q) -> str | None:
+    """The state of a condition that is exactly ``Q(state=…)``, else None."""
+    if not cond.negated and len(cond.children) == 1 and isinstance(cond.children[0], tuple):
+        name, value = cond.children[0]
+        if name == "state":
+            return value
+    return None
