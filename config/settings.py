@@ -169,6 +169,22 @@ RECOVERY_WORKFLOW_MODULES = [
     m.strip() for m in env("RECOVERY_WORKFLOW_MODULES", "workflows.registry").split(",") if m.strip()
 ]
 
+# --- Observability (docs/operating.md#metrics-and-health) -----------------------------------
+# RECOVERY_METRICS=0 records no metric. /metrics answers a scraper that presents this token
+# (Authorization: Bearer …); unset, the endpoint is off (404).
+RECOVERY_METRICS = env_bool("RECOVERY_METRICS", True)
+RECOVERY_METRICS_TOKEN = env("RECOVERY_METRICS_TOKEN", "")
+# Every process (gunicorn's and Celery's workers, run_executor) writes its counters to files in
+# PROMETHEUS_MULTIPROC_DIR, read by prometheus_client when it is first imported: empty it when
+# the deployment starts. Unset, each process counts for itself alone.
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+# /readyz and check_health: the sweeper (beat, or the embedded executor) must have swept within
+# this many seconds.
+RECOVERY_READY_BEAT_SECONDS = float(env("RECOVERY_READY_BEAT_SECONDS", "60"))
+if RECOVERY_READY_BEAT_SECONDS <= 0:
+    raise ImproperlyConfigured("RECOVERY_READY_BEAT_SECONDS must be > 0")
+
 # --- Simulated external systems and the adapters that call them -----------------------
 SANDBOX_URL = env("SANDBOX_URL", f"http://127.0.0.1:{env('PORT', '8000')}").rstrip("/")
 # Seconds an adapter waits for a response once its request is sent; past it, the outcome is unknown.
@@ -192,7 +208,7 @@ OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "20"))
 # defaults in recovery/redaction.py: RECOVERY_REDACT_FIELDS (key names whose values are
 # replaced), RECOVERY_REDACT_PATTERNS (name -> regex, replaced in every string) and
 # RECOVERY_REDACT_SETTINGS (the settings whose values are secrets, replaced wherever they
-# appear: SECRET_KEY, OPENAI_API_KEY, SANDBOX_API_KEY).
+# appear: SECRET_KEY, OPENAI_API_KEY, SANDBOX_API_KEY, RECOVERY_METRICS_TOKEN).
 
 # The redact filter runs on the handler: a logger's own filters never see its children's
 # records. recovery.apps also redacts every record where it is created, for other handlers.
@@ -276,6 +292,7 @@ SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 # "HTTP_X_FORWARDED_PROTO,https"), and only if the proxy overwrites that header.
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = not DEBUG
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]  # a container's probes speak plain HTTP
 SECURE_HSTS_SECONDS = int(env("DJANGO_SECURE_HSTS_SECONDS", "0" if DEBUG else "31536000"))
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", True)

@@ -31,3 +31,5 @@ for config in DATABASES.values():
     if config["ENGINE"] == "django.db.backends.postgresql":
         config["TEST"] = {"NAME": f"test_{config['NAME']}_{os.getpid()}"}
 RECOVERY_HTTP_TIMEOUT = 1.0
+# /metrics is on in the tests (a scraper presents this token); tests of it being off unset it.
+RECOVERY_METRICS_TOKEN = "test-metrics-token-0123456789"

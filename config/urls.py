@@ -11,5 +11,6 @@ urlpatterns = [
     path("sandbox/", include("sandbox.urls")),
     path("demo", demo.demo, name="demo"),
     path("api/", include("recovery.api.urls")),
+    path("", include("recovery.observability.urls")),
     path("", include("recovery.console.urls")),
 ]

@@ -391,3 +391,16 @@ class ApprovalRequest(models.Model):
     def __str__(self) -> str:
         target = f" {self.step_name}" if self.step_name else ""
         return f"{self.action}{target} on {self.run_id} ({self.state})"
+
+
+class SweeperBeat(models.Model):
+    """When a sweeper last looked for due work: Celery beat's ``sweep`` task, or an embedded
+    executor's loop (``name`` says which). ``/readyz`` and ``check_health`` read it: runs whose
+    retry time came are picked up only while some sweeper beats."""
+
+    name = models.CharField(max_length=40, primary_key=True)
+    at = models.DateTimeField()
+    by = models.CharField(max_length=200)  # host:pid of the process that swept
+
+    def __str__(self) -> str:
+        return f"{self.name} swept at {self.at:%Y-%m-%d %H:%M:%S} by {self.by}"

@@ -14,8 +14,9 @@ it is) and replaces
   mapping: our ingestion tokens, ``Bearer …``, OpenAI keys, AWS access key ids, JWTs, private
   key blocks) with ``[REDACTED:<name>]``;
 - every occurrence of the value of a setting named in ``RECOVERY_REDACT_SETTINGS`` (the secrets
-  this deployment knows: ``SECRET_KEY``, ``OPENAI_API_KEY``, ``SANDBOX_API_KEY``; values
-  shorter than 8 characters are not looked for: they would mangle ordinary text) with
+  this deployment knows: ``SECRET_KEY``, ``OPENAI_API_KEY``, ``SANDBOX_API_KEY``,
+  ``RECOVERY_METRICS_TOKEN``; values shorter than 8 characters are not looked for: they would
+  mangle ordinary text) with
   ``[REDACTED:<SETTING>]``.
 
 A NUL character, which PostgreSQL cannot store, becomes U+FFFD (a remote system's error text
@@ -77,7 +78,7 @@ DEFAULT_PATTERNS: dict[str, str] = {
     "private_key": r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
 }
 
-DEFAULT_SECRET_SETTINGS: tuple[str, ...] = ("SECRET_KEY", "OPENAI_API_KEY", "SANDBOX_API_KEY")
+DEFAULT_SECRET_SETTINGS: tuple[str, ...] = ("SECRET_KEY", "OPENAI_API_KEY", "SANDBOX_API_KEY", "RECOVERY_METRICS_TOKEN")
 
 MIN_SECRET_LENGTH = 8
 

@@ -63,6 +63,7 @@ def sweep(limit: int = 500) -> int:
     outbox message due for delivery, unless one is already queued (``dispatched_at``): a lost
     broker message delays work but never loses it; a duplicated one is refused by the lease
     (or the outbox claim)."""
+    transitions.sweeper_beat(name="celery beat")
     run_pks = transitions.runs_dispatch(limit=limit)
     for run_pk in run_pks:
         advance_run.delay(run_pk)

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from recovery import clock
-from recovery.engine import failpoints, guards, transitions
+from recovery.engine import failpoints, guards, metrics, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke, validate_decision
 from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import DONE_STEP_STATES, Lease
@@ -364,7 +364,9 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
         raw = None
     else:
+        started = time.perf_counter()
         raw, error = invoke(spec.call, replace(ctx, intent=intent), lease=lease, point=name)
+        metrics.call_took(plan.run.workflow_name, name, time.perf_counter() - started)
 
     decision: dict[str, Any] | None = None
     if error is None and spec.is_decision:
@@ -411,7 +413,9 @@ def _execute_local(
     certainly left nothing (never an unknown outcome)."""
     try:
         with transaction.atomic():
+            started = time.perf_counter()
             raw, error = invoke(spec.call, ctx, point=spec.name)
+            metrics.call_took(plan.run.workflow_name, spec.name, time.perf_counter() - started)
             if error is not None:
                 raise _RolledBack(error)
             transitions.step_succeed(
@@ -560,14 +564,21 @@ def run_due(*, owner: str | None = None, limit: int = 100) -> int:
     return advanced
 
 
+BEAT_SECONDS = 5.0  # how often the embedded executor's loop records that it is sweeping
+
+
 def run_forever(*, until_idle: bool = False, poll_seconds: float = 1.0, owner: str | None = None) -> int:
     """The embedded executor: advance due runs and publish due outbox messages until stopped
     (or, with ``until_idle``, until nothing is due now). Returns the number of runs advanced
     and messages attempted."""
     total = 0
     outage = 0  # consecutive rounds the database could not be reached
+    beat_due = 0.0  # time.monotonic() of this loop's next sweeper beat (what /readyz reads)
     while True:
         try:
+            if time.monotonic() >= beat_due:
+                transitions.sweeper_beat(name="embedded executor", by=owner)
+                beat_due = time.monotonic() + BEAT_SECONDS
             advanced = run_due(owner=owner) + publish_due(owner=owner)
         except (DatabaseUnavailable, OperationalError, InterfaceError) as exc:
             # A blip, not a reason to stop: back off (1, 2, 4 … 30 s) and try again; the runs

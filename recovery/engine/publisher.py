@@ -5,12 +5,13 @@ sent again only once that attempt can no longer commit (the in-flight window).""
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 
 from django.db import InterfaceError, OperationalError
 
 from recovery import clock
-from recovery.engine import failpoints, transitions
+from recovery.engine import failpoints, metrics, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke
 from recovery.errors import LeaseLost
 from recovery.models import OutboxMessage, StepExecution, StepState
@@ -60,7 +61,9 @@ def _deliver(claim: transitions.OutboxClaim) -> None:
                 return
             if claim.settle_from is not None and not _may_send_again(claim, spec):
                 return
+        started = time.perf_counter()
         raw, error = invoke(spec.call, ctx, claim=claim, point=message.step_name)
+        metrics.call_took(run.workflow_name, message.step_name, time.perf_counter() - started)
         if error is None:
             transitions.outbox_delivered(claim=claim, outcome=as_outcome(raw), how="delivered")
         else:

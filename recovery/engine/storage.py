@@ -193,15 +193,16 @@ def claim(
     owner: str,
     lease_until: Any,
     now: Any,
-) -> tuple[models.Model, list[models.Model], bool] | None:
+) -> tuple[models.Model, list[models.Model], bool, Any] | None:
     """PostgreSQL only: a whole claim as one statement — lock the run ``pick_sql`` selects
-    (its id, state and lease owner; ``FOR UPDATE SKIP LOCKED``), move it to the state
-    ``moves`` gives for its state (``((from states), to), …``: the transitions' table, passed
-    in, never written here), give it a new lease generation, write the ``claim`` (or
-    ``lease_takeover``) audit event, and read the run and its steps back, with whether it was
-    taken over from another owner. None if nothing was picked. The same transition as
-    ``transitions.leases._claim_in_transaction``, which tests/engine/test_claim_paths.py
-    compares field by field."""
+    (its id, state, lease owner, wake time, lease expiry and last update; ``FOR UPDATE SKIP
+    LOCKED``), move it to the state ``moves`` gives for its state (``((from states), to), …``:
+    the transitions' table, passed in, never written here), give it a new lease generation,
+    write the ``claim`` (or ``lease_takeover``) audit event, and read the run and its steps
+    back, with whether it was taken over from another owner and when it became due (its wake
+    time, else its expired lease's end, else its last update). None if nothing was picked. The
+    same transition as ``transitions.leases._claim_in_transaction``, which
+    tests/engine/test_claim_paths.py compares field by field."""
     from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
@@ -222,10 +223,10 @@ def claim(
         return None
     split = len(run_fields)
     run = _instance(connection, WorkflowRun, found[0][:split])
-    taken_over = found[0][split]
-    split += 1
+    taken_over, due_at = found[0][split : split + 2]
+    split += 2
     steps = [_instance(connection, StepExecution, row[split:]) for row in found if row[split] is not None]
-    return run, steps, taken_over
+    return run, steps, taken_over, due_at
 
 
 def _instance(connection, model: type[models.Model], values: tuple[Any, ...]) -> models.Model:
@@ -287,7 +288,8 @@ def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fiel
                 "updated_at" = %s,
                 "revision" = r."revision" + 1
             FROM picked AS p WHERE r."id" = p."id"
-            RETURNING r.*, p."state" AS before_state, p."lease_owner" AS before_owner
+            RETURNING r.*, p."state" AS before_state, p."lease_owner" AS before_owner,
+                COALESCE(p."next_wake_at", p."lease_expires_at", p."updated_at") AS due_at
         ),
         logged AS (
             INSERT INTO {quote(AuditEvent._meta.db_table)}
@@ -301,7 +303,7 @@ def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fiel
                 CAST(%s AS timestamp with time zone), 'executor', NULL
             FROM claimed
         )
-        SELECT {run_columns}, claimed.before_owner <> '', {step_columns}
+        SELECT {run_columns}, claimed.before_owner <> '', claimed.due_at, {step_columns}
         FROM claimed LEFT JOIN {step_table} AS s ON s."run_id" = claimed."id"
         ORDER BY s."position"
     """

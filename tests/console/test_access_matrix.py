@@ -27,7 +27,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from recovery.actions import PERMISSION_OF
 from recovery.api import tokens
-from recovery.engine.transitions import approval_request, run_start, run_version
+from recovery.engine.transitions import approval_request, run_start, run_version, sweeper_beat
 from recovery.models import (
     ApiToken,
     ApprovalRequest,
@@ -67,6 +67,7 @@ class Console:
 PUBLIC = "public"  # anyone (the login form, logging out)
 TOKEN = "token"  # the event API: Authorization: Bearer <API token>
 SANDBOX_KEY = "sandbox-key"  # the simulated systems: Authorization: Bearer <SANDBOX_API_KEY>
+METRICS_TOKEN = "metrics-token"  # /metrics: Authorization: Bearer <RECOVERY_METRICS_TOKEN>
 ADMIN = "admin"  # Django's admin: staff only; no console role is staff
 
 
@@ -250,6 +251,10 @@ MATRIX: list[Row] = [
         json_body=True,
         changes=True,
     ),
+    # --- a scraper and a container's probes ---------------------------------------------------
+    Row("observability:metrics", "metrics", METRICS_TOKEN, READ, url=lambda w: "/metrics"),
+    Row("observability:healthz", "liveness", PUBLIC, READ, url=lambda w: "/healthz"),
+    Row("observability:readyz", "readiness", PUBLIC, READ, url=lambda w: "/readyz"),
     # --- the simulated systems (their own credential, see sandbox/views.py) ----------------
     Row(
         "sandbox:tasks",
@@ -354,7 +359,7 @@ def expected(row: Row, method: str, caller: str) -> tuple[int, str | None]:
             return (ok, None) if ROLE_OF_CALLER[caller] >= role else (403, None)
         case "public":
             return ok, ("/login/" if ok == 302 else None)
-        case "token" | "sandbox-key":
+        case "token" | "sandbox-key" | "metrics-token":
             return (ok, None) if caller == "credential" else (401, None)
         case "admin":
             return 302, row.login_page
@@ -425,12 +430,15 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
     w.supervisor_group = Group.objects.get_or_create(name="supervisor")[0].pk
     w.bystander = get_user_model().objects.create_user("bystander", password="pw").pk
     w.token = tokens.issue_token(name="erp", workflow_name="test_orders")[1]
+    sweeper_beat(name="matrix")  # so that /readyz answers ready
     return w
 
 
 def client_for(caller: str, row: Row, w: SimpleNamespace, **options) -> Client:
     if caller == "credential":
-        secret = settings.SANDBOX_API_KEY if row.access == SANDBOX_KEY else w.token
+        secret = {SANDBOX_KEY: settings.SANDBOX_API_KEY, METRICS_TOKEN: settings.RECOVERY_METRICS_TOKEN}.get(
+            row.access, w.token
+        )
         return Client(headers={"Authorization": f"Bearer {secret}"}, **options)
     client = Client(**options)
     if caller != "anonymous":

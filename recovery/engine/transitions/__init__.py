@@ -32,7 +32,15 @@ from .compensation import (
     run_compensate,
     run_compensation_done,
 )
-from .leases import claimable, outbox_dispatch, run_claim, run_claim_next, runs_dispatch, runs_release_reservation
+from .leases import (
+    claimable,
+    outbox_dispatch,
+    run_claim,
+    run_claim_next,
+    runs_dispatch,
+    runs_release_reservation,
+    sweeper_beat,
+)
 from .offers import UNDONE_STEP_STATES, Situation, offered, why_not
 from .operator import (
     BUDGET_FIELDS,
@@ -148,4 +156,5 @@ __all__ = [
     "step_resolve",
     "step_retry",
     "step_succeed",
+    "sweeper_beat",
 ]

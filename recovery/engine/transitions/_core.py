@@ -18,7 +18,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
 
 from recovery import clock, redaction
-from recovery.engine import storage
+from recovery.engine import metrics, storage
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, StepError
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
@@ -100,6 +100,7 @@ def _audit(
     reason: str = "",
 ) -> None:
     storage.insert(AuditEvent, _audit_row(run, action, _actor_fields(actor), step_name, reason, before, after, now))
+    metrics.transition(run.workflow_name, action, step_name, after)
 
 
 def _audit_row(
@@ -306,6 +307,7 @@ def _one_statement(
     if not written:
         lease.seen.clear()  # someone else saved the run, or the lease is gone: the ordinary way decides
         return None
+    metrics.transition(run.workflow_name, action, step_name, after)
     return step
 
 

@@ -13,8 +13,8 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from recovery import clock
-from recovery.engine import storage
-from recovery.models import OutboxMessage, RunState, StepExecution, WorkflowRun
+from recovery.engine import metrics, storage
+from recovery.models import OutboxMessage, RunState, StepExecution, SweeperBeat, WorkflowRun
 
 from ._core import (
     RUN_LEASE_FIELDS,
@@ -60,6 +60,13 @@ def outbox_dispatch(*, limit: int, now: datetime | None = None) -> list[int]:
     now = now or clock.now()
     qs = OutboxMessage.objects.filter(outbox_due(now), _undispatched(now)).order_by("next_attempt_at", "pk")
     return _dispatch(qs, limit, now)
+
+
+def sweeper_beat(*, name: str, by: str | None = None, now: datetime | None = None) -> None:
+    """Record that the sweeper ``name`` (Celery beat's sweep, an embedded executor's loop)
+    looked for due work now: what ``/readyz`` checks. Bookkeeping, like the dispatch stamp:
+    no run changes and nothing is audited."""
+    SweeperBeat.objects.update_or_create(name=name, defaults={"at": now or clock.now(), "by": by or default_owner()})
 
 
 # --- executor transitions --------------------------------------------------------------
@@ -128,13 +135,20 @@ def _claim_one(owner: str | None, now: datetime, run_pk: int | None = None) -> L
 
 def _claim_in_one_statement(owner: str, now: datetime, run_pk: int | None) -> Lease | None:
     """PostgreSQL: the claim in one round trip (storage.claim)."""
-    sql, params = _pick_sql(connection.vendor, run_pk is not None, ("id", "state", "lease_owner"))
+    sql, params = _pick_sql(connection.vendor, run_pk is not None, _PICKED)
     pick = _pick_params(params, now, run_pk, owner)
     claimed = storage.claim(sql, pick, _claim_moves(), owner, now + lease_duration(), now)
     if claimed is None:
         return None
-    run, steps, taken_over = claimed
+    run, steps, taken_over, due_at = claimed
+    if taken_over:
+        metrics.transition(run.workflow_name, "lease_takeover", "", {})
+    metrics.claimed(run.workflow_name, due_at=due_at, now=now)
     return _lease(run, steps, taken_over=taken_over)
+
+
+# What the one-statement claim reads of the run it picks, before changing it.
+_PICKED = ("id", "state", "lease_owner", "next_wake_at", "lease_expires_at", "updated_at")
 
 
 def _claim_in_transaction(owner: str, now: datetime, run_pk: int | None) -> Lease | None:
@@ -192,6 +206,7 @@ def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
         return None
     before = _snap(run)
     takeover = run.lease_owner != ""
+    due_at = run.next_wake_at or run.lease_expires_at or run.updated_at  # as storage.claim reads it
     action = "lease_takeover" if takeover else "claim"
     if takeover:
         before["lease_owner"] = run.lease_owner
@@ -203,5 +218,6 @@ def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
     _renew(run, now)
     _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
     _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
+    metrics.claimed(run.workflow_name, due_at=due_at, now=now)
     # The executor's copy, read under the run's lock: it needs no other read while it holds the run.
     return _lease(run, StepExecution.objects.raw(_steps_sql(connection.vendor), [run.pk]), taken_over=takeover)

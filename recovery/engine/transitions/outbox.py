@@ -194,7 +194,7 @@ def outbox_delivered(*, claim: OutboxClaim, outcome: Outcome, how: str, now: dat
             step_name=message.step_name,
             reason=how,
             before=before,
-            after={"outbox": message.state, "remote_ref": step.remote_ref, "attempts": message.attempts},
+            after={"outbox": message.state, "remote_ref": step.remote_ref, "attempts": message.attempts, "how": how},
             now=now,
         )
         _wake(run, now)

@@ -9,8 +9,10 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 
 from recovery.actions import ACTIONS, StepArg
+from recovery.engine import metrics
 from recovery.errors import InvalidTransition
 from recovery.models import ApprovalRequest, WorkflowRun
+from recovery.permissions import role_of
 
 from . import compensation, offers, operator
 
@@ -54,4 +56,6 @@ def perform(
         arguments["decision"] = decision
     if approval is not None:
         arguments["approval"] = approval
-    return transition(**arguments)
+    run = transition(**arguments)
+    metrics.operator_action(action, role_of(actor).name.lower() if actor is not None else "system")
+    return run

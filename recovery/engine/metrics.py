@@ -1,0 +1,148 @@
+"""The engine's own measurements, as Prometheus counters and histograms (prometheus-client).
+
+What is counted is what was committed: a transition's counter moves when its transaction
+commits (``transaction.on_commit``), never for a transition that rolled back or whose fenced
+write matched nothing. A call's duration is measured around the call itself.
+
+Labels are bounded: a workflow's name, a declared step's name, an outcome, an error kind, a
+guard's rule, an action's name, a role. Never a workflow id, a key or a user name.
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (before the first import of prometheus_client), every
+process — gunicorn's workers, Celery's, ``run_executor`` — writes its values to files there,
+and ``/metrics`` adds them up (recovery.observability). ``RECOVERY_METRICS=0`` records nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from prometheus_client import Counter, Histogram
+
+STEP_ATTEMPTS = Counter(
+    "recovery_step_attempts",
+    "Step attempts by how they ended: succeeded, failed (with its error kind) or unknown.",
+    ["workflow", "step", "outcome", "error_kind"],
+)
+STEP_DURATION = Histogram(
+    "recovery_step_duration_seconds",
+    "How long a step's call took (the call only, without the engine's checkpoints).",
+    ["workflow", "step"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+SCHEDULE_TO_START = Histogram(
+    "recovery_step_schedule_to_start_seconds",
+    "From a run being due (started, woken, or its lease expired) to an executor claiming it.",
+    ["workflow"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)
+UNKNOWN_OUTCOMES = Counter(
+    "recovery_unknown_outcomes",
+    "Step attempts whose outcome is unknown (the call may or may not have happened).",
+    ["workflow", "step"],
+)
+RECONCILES = Counter(
+    "recovery_reconciles",
+    "Look-ups of unknown outcomes by result: happened, absent, wait (the request may still "
+    "commit) or failed (the look-up itself failed).",
+    ["workflow", "step", "result"],
+)
+LEASE_TAKEOVERS = Counter(
+    "recovery_lease_takeovers",
+    "Runs taken over from an executor whose lease expired (it died, hung or lost the database).",
+    ["workflow"],
+)
+POLICY_REFUSALS = Counter(
+    "recovery_policy_refusals",
+    "Steps a guard refused before anything was written or sent, by the guard's rule.",
+    ["workflow", "rule"],
+)
+OPERATOR_ACTIONS = Counter(
+    "recovery_operator_actions",
+    "Operator actions performed (console, bulk, manage.py recover, approved requests), by role.",
+    ["action", "role"],
+)
+
+
+def _enabled() -> bool:
+    return settings.RECOVERY_METRICS
+
+
+def _attempt(outcome: str, workflow: str, step: str, after: Mapping[str, Any]) -> None:
+    error_kind = after.get("error_kind", "") if outcome != "succeeded" else ""
+    STEP_ATTEMPTS.labels(workflow, step, outcome, error_kind).inc()
+    if outcome == "unknown":
+        UNKNOWN_OUTCOMES.labels(workflow, step).inc()
+
+
+def _reconciled(result: str, workflow: str, step: str, after: Mapping[str, Any]) -> None:
+    RECONCILES.labels(workflow, step, result).inc()
+
+
+def _taken_over(workflow: str, step: str, after: Mapping[str, Any]) -> None:
+    LEASE_TAKEOVERS.labels(workflow).inc()
+
+
+def _refused(workflow: str, step: str, after: Mapping[str, Any]) -> None:
+    POLICY_REFUSALS.labels(workflow, (after.get("refusal") or {}).get("rule", "")).inc()
+
+
+def _delivery_failed(workflow: str, step: str, after: Mapping[str, Any]) -> None:
+    """An outbox delivery attempt (or its look-up) failed, or its answer was lost."""
+    _attempt("unknown" if after.get("error_kind") == "unknown_outcome" else "failed", workflow, step, after)
+
+
+def _delivered(workflow: str, step: str, after: Mapping[str, Any]) -> None:
+    """An outbox message was delivered — or found delivered by its look-up after a lost answer."""
+    if after.get("how") == "delivered":
+        _attempt("succeeded", workflow, step, after)
+    else:
+        _reconciled("happened", workflow, step, after)
+
+
+# The audit actions that move a counter, and how.
+_BY_ACTION: dict[str, Callable[[str, str, Mapping[str, Any]], None]] = {
+    "step_succeed": partial(_attempt, "succeeded"),
+    "step_fail": partial(_attempt, "failed"),
+    "step_unknown": partial(_attempt, "unknown"),
+    "reconciled": partial(_reconciled, "happened"),
+    "reconciled_absent": partial(_reconciled, "absent"),
+    "reconcile_wait": partial(_reconciled, "wait"),
+    "reconcile_deferred": partial(_reconciled, "failed"),
+    "lease_takeover": _taken_over,
+    "policy_refused": _refused,
+    # The publisher's: an outbox step's delivery is its call.
+    "outbox_delivered": _delivered,
+    "outbox_retry": _delivery_failed,
+    "outbox_fail": _delivery_failed,
+    "outbox_settle_wait": partial(_reconciled, "wait"),
+}
+
+
+def transition(workflow: str, action: str, step: str, after: Mapping[str, Any]) -> None:
+    """A transition wrote its audit event ``action``: count it once its transaction commits."""
+    record = _BY_ACTION.get(action)
+    if record is not None and _enabled():
+        transaction.on_commit(partial(record, workflow, step, after))
+
+
+def claimed(workflow: str, *, due_at: datetime | None, now: datetime) -> None:
+    """An executor claimed a run that was due at ``due_at``."""
+    if due_at is not None and _enabled():
+        waited = max(0.0, (now - due_at).total_seconds())
+        transaction.on_commit(partial(SCHEDULE_TO_START.labels(workflow).observe, waited))
+
+
+def call_took(workflow: str, step: str, seconds: float) -> None:
+    if _enabled():
+        STEP_DURATION.labels(workflow, step).observe(seconds)
+
+
+def operator_action(action: str, role: str) -> None:
+    """An operator's action was performed: count it once its transaction commits."""
+    if _enabled():
+        transaction.on_commit(partial(OPERATOR_ACTIONS.labels(action, role).inc))

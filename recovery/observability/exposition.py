@@ -1,0 +1,71 @@
+"""The Prometheus exposition: the engine's counters and histograms — every process's, through
+``PROMETHEUS_MULTIPROC_DIR``, else this process's own — and gauges read from the database."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from recovery import clock, counts
+from recovery.workflow import all_workflows
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class DatabaseGauges:
+    """``recovery_runs``, ``recovery_stuck_runs`` (each series capped at counts.COUNT_CAP: a
+    value of 10000 means at least that many) and ``recovery_outbox_oldest_undelivered_seconds``,
+    read at scrape time in two statements."""
+
+    def collect(self) -> Iterator[Metric]:
+        now = clock.now()
+        found = counts.by_workflow([wf.name for wf in all_workflows()], now=now)
+        cap = f"(capped at {counts.COUNT_CAP:,}: that value means at least as many)"
+        runs = GaugeMetricFamily("recovery_runs", f"Runs by workflow and state {cap}.", labels=["workflow", "state"])
+        for (workflow, state), (n, _) in found["states"].items():
+            runs.add_metric([workflow, state], n)
+        yield runs
+        stuck = GaugeMetricFamily(
+            "recovery_stuck_runs",
+            f"Runs waiting for a person or in trouble, by workflow and cause {cap}.",
+            labels=["workflow", "cause"],
+        )
+        for (workflow, cause), (n, _) in found["stuck"].items():
+            stuck.add_metric([workflow, cause], n)
+        yield stuck
+        yield GaugeMetricFamily(
+            "recovery_outbox_oldest_undelivered_seconds",
+            "Age of the oldest outbox message not yet delivered (0 when none is waiting).",
+            value=counts.oldest_undelivered(now),
+        )
+
+
+class _ThisProcess:
+    """This process's own metrics, when no multiprocess directory is configured."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def registry() -> CollectorRegistry:
+    """A registry for one scrape (nothing is kept between scrapes)."""
+    registry = CollectorRegistry(auto_describe=False)
+    if multiprocess_dir():
+        MultiProcessCollector(registry)
+    else:
+        registry.register(_ThisProcess())
+    registry.register(DatabaseGauges())
+    return registry
+
+
+def render() -> bytes:
+    """The text a scraper reads at ``/metrics``."""
+    return generate_latest(registry())
