@@ -11,13 +11,14 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from tests.support.engine import subprocess_env
+from tests.support.engine import free_port, subprocess_env
 
 MANAGE = str(Path(__file__).resolve().parents[2] / "manage.py")
 LEASE = 300  # seconds: far longer than any process start, so wall-clock time never decides a claim
@@ -77,3 +78,37 @@ def sandbox_manage(live_server):
 
     yield run
     faults.clear()
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A Redis of the test's own on a free port (the machine's is shared), stopped after it."""
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        if (
+            subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip()
+            == "PONG"
+        ):
+            break
+        time.sleep(0.05)
+    yield url
+    server.terminate()
+    server.wait(10)

@@ -12,44 +12,11 @@ import pytest
 
 from recovery.models import RunState, WorkflowRun
 from tests.support import receivers
-from tests.support.engine import free_port, subprocess_env
+from tests.support.engine import subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def redis_url(tmp_path):
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    for _ in range(100):
-        if (
-            subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip()
-            == "PONG"
-        ):
-            break
-        time.sleep(0.05)
-    yield url
-    server.terminate()
-    server.wait(10)
 
 
 def wait_for(predicate, timeout: float = 45.0) -> bool:
