@@ -20,8 +20,11 @@ migrate: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py migrate --noinput --database sandbox
 
-# Console + embedded executor on SQLite; no servers needed. Ctrl-C stops both.
+# Console + embedded executor on SQLite; no servers needed. Ctrl-C stops both. Their metrics
+# (served at /metrics when RECOVERY_METRICS_TOKEN is set) are added up in var/prometheus.
+run: export PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/var/prometheus
 run: migrate
+	mkdir -p "$(PROMETHEUS_MULTIPROC_DIR)" && rm -f "$(PROMETHEUS_MULTIPROC_DIR)"/*.db
 	$(PY) manage.py seed_demo
 	$(PY) manage.py demo_login
 	@echo "Recovery Console on http://127.0.0.1:$(PORT)/ (embedded executor running beside it)"
