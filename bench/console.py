@@ -20,7 +20,8 @@ production's default) plus ``bench/querycount.py``'s server-side query counter, 
   prefix filter (``key``);
 - the run page of the run with 1,000 audit events, and of an ordinary run; its live poll, when
   the run has changed and when nothing has;
-- the dashboard.
+- the dashboard;
+- ``/metrics``, as a Prometheus scraper reads it (its token; gauges counted on every scrape).
 
 It prints, per page, p50 / p95 of the client-side time (the whole response), the SQL queries per
 request (counted server-side), their total time and the slowest query; then ``EXPLAIN (ANALYZE,
@@ -62,6 +63,7 @@ from bench import seed  # noqa: E402
 from bench.server import Server, Session, create_supervisor, next_link  # noqa: E402
 
 TARGET_MS = 100.0
+METRICS_TOKEN = "bench-console-metrics-token"  # the server's RECOVERY_METRICS_TOKEN
 COUNT_CAP = 10_000  # recovery.counts.COUNT_CAP
 TARGET_GROUPS = ("list", "filter", "search", "detail")
 OPTIONAL_READS = 2  # a list page with no unfinished run reads neither their steps nor their requests
@@ -74,7 +76,7 @@ DETAIL_SAME_STATE = "run: same state, 10 events"
 class Page:
     name: str
     path: str
-    group: str  # list, filter, search, detail or dashboard
+    group: str  # list, filter, search, detail, dashboard or metrics
     headers: tuple[tuple[str, str], ...] = ()  # e.g. the htmx poll's
     status: int = 200  # what the page answers when it works
 
@@ -166,6 +168,7 @@ def pages(session: Session, db_url: str, info: dict, deep: tuple[int, str]) -> l
         Page("run: completed, 10 events", "/runs/" + info["normal_workflow_id"], "detail"),
         *live_polls(session, "/runs/" + info["detail_workflow_id"]),
         Page("dashboard", "/dashboard", "dashboard"),
+        Page("metrics (a scrape)", "/metrics", "metrics", (("Authorization", f"Bearer {METRICS_TOKEN}"),)),
     ]
     return out
 
@@ -324,7 +327,12 @@ def run(args: argparse.Namespace) -> int:
         sql_log = work / "sql.jsonl"
         seed.manage(db.url, "migrate", "--noinput")  # a reused database gets newer migrations
         username, password = create_supervisor(db.url)
-        env = {"BENCH_SQL_LOG": str(sql_log), "DATABASE_CONN_MAX_AGE": str(args.conn_max_age)}
+        env = {
+            "BENCH_SQL_LOG": str(sql_log),
+            "DATABASE_CONN_MAX_AGE": str(args.conn_max_age),
+            "RECOVERY_METRICS_TOKEN": METRICS_TOKEN,
+            "PROMETHEUS_MULTIPROC_DIR": str(work / "prometheus"),  # as production runs gunicorn
+        }
         with Server(db.url, work, workers=1, env=env) as server:
             session = Session(server.port)
             session.login(username, password)

@@ -31,6 +31,10 @@ ours     The production code path: M runs started in bulk with ``recovery.engine
          committed). Children run with
          DJANGO_DEBUG=0 (no query log) and DATABASE_CONN_MAX_AGE=60; the embedded sandbox
          database is a temporary SQLite file.
+ours_bare  Exactly ours, but with RECOVERY_METRICS=0 (no counter, no histogram, no multiprocess
+         file) and plain-text logs. The other engine contenders observe as production does:
+         metrics recorded by each worker process into one PROMETHEUS_MULTIPROC_DIR, logs as JSON
+         (RECOVERY_LOG_FORMAT=json) at INFO. Its purpose is the ``observability cost`` below.
 ours_call  The same, with the steps declared as ordinary calls (BENCH_STEPS=call): the insert
          commits on its own outside any transaction, as a call to another system would, then
          the outcome is checkpointed — three commits per step.
@@ -95,7 +99,8 @@ With both ours_call and ours_call_nohb, also the heartbeat's cost per worker cou
 ``heartbeat_cost`` = 1 - (ours_call steps/s / ours_call_nohb steps/s), of the medians, with the
 min–max of the same ratio per repetition (the two are measured back to back in each repetition,
 in alternating order, so that the machine's slow patches hit both alike); in the JSON line,
-``heartbeat_cost`` and ``heartbeat_cost_min``/``_max`` map each worker count to them.
+``heartbeat_cost`` and ``heartbeat_cost_min``/``_max`` map each worker count to them. With both
+ours and ours_bare, ``observability_cost`` likewise (1 - ours / ours_bare).
 
 Isolation: only the *server* of ``--database-url`` (default DATABASE_URL, else
 postgres://postgres@127.0.0.1:5432/postgres) is used, through its ``postgres`` maintenance
@@ -133,10 +138,14 @@ sys.path.insert(0, str(ROOT))  # the ``bench`` namespace package, also when run 
 from bench.executor_workers import FLUSH_STATS  # noqa: E402
 
 PY = sys.executable
-CONTENDERS = ("ours", "ours_call", "ours_call_nohb", "dbos", "celery", "ceiling")
+CONTENDERS = ("ours", "ours_bare", "ours_call", "ours_call_nohb", "dbos", "celery", "ceiling")
 # Our contenders: how the bench workflow declares its steps, and whether the heartbeat runs.
-ENGINE = {"ours": "local", "ours_call": "call", "ours_call_nohb": "call"}
+ENGINE = {"ours": "local", "ours_bare": "local", "ours_call": "call", "ours_call_nohb": "call"}
 HEARTBEAT_OFF = {"ours_call_nohb"}
+BARE = {"ours_bare"}
+# What a feature costs: 1 - (steps/s with it / steps/s without it), from two contenders that
+# differ by it alone and are measured back to back (in alternating order) in each repetition.
+COSTS = {"heartbeat_cost": ("ours_call", "ours_call_nohb"), "observability_cost": ("ours", "ours_bare")}
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 EFFECT_TABLE = (
     "CREATE TABLE bench_effect (key text PRIMARY KEY, run text NOT NULL, step text NOT NULL, "
@@ -150,6 +159,7 @@ COUNT_EFFECTS = "SELECT count(*) FROM bench_effect"
 # Per durable contender: (finished workflows, all workflows).
 FINISHED = {
     "ours": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
+    "ours_bare": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
     "ours_call": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
     "ours_call_nohb": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
     "dbos": "SELECT count(*) FILTER (WHERE status = 'SUCCESS'), count(*) FROM dbos.workflow_status",
@@ -406,10 +416,19 @@ class Bench:
         """A hang guard, far above any plausible measurement."""
         return time.monotonic() + 120 + self.workflows
 
-    def django_env(self, database: str, steps: str = "local", heartbeat: bool = True) -> dict[str, str]:
+    def django_env(
+        self, database: str, steps: str = "local", heartbeat: bool = True, observed: bool = True
+    ) -> dict[str, str]:
+        # Observed as in production: metrics in one multiprocess directory for every worker process, JSON logs.
+        prometheus = self.tmp / "prometheus" / database
+        prometheus.mkdir(parents=True, exist_ok=True)
+        environ = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
         return {
             "BENCH_STEPS": steps,
-            **os.environ,
+            **environ,
+            **({"PROMETHEUS_MULTIPROC_DIR": str(prometheus)} if observed else {}),
+            "RECOVERY_METRICS": "1" if observed else "0",
+            "RECOVERY_LOG_FORMAT": "json" if observed else "text",
             "BENCH_HEARTBEAT": "on" if heartbeat else "off",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DJANGO_DEBUG": "0",
@@ -470,7 +489,12 @@ class Bench:
 
     def _run_processes(self, contender: str, database: str, workers: int, rep: int) -> tuple[float, int, int, float]:
         if contender in ENGINE:
-            env = self.django_env(database, ENGINE[contender], heartbeat=contender not in HEARTBEAT_OFF)
+            env = self.django_env(
+                database,
+                ENGINE[contender],
+                heartbeat=contender not in HEARTBEAT_OFF,
+                observed=contender not in BARE,
+            )
         else:
             env = dict(os.environ)
         procs = [
@@ -627,13 +651,14 @@ def report(samples: list[Sample], args: argparse.Namespace, machine: str, start_
         ]
         if ratios:
             print(f"ratios of medians, {workers} worker(s): " + ", ".join(ratios))
-    for workers in args.workers:
-        if (cost := heartbeat_cost(samples, workers)) is not None:
-            median, low, high = cost
-            print(
-                f"heartbeat cost, {workers} worker(s): {100 * median:.1f}% "
-                f"(1 - ours_call/ours_call_nohb, of the medians; per repetition {100 * low:.1f}% to {100 * high:.1f}%)"
-            )
+    for name, (on, off) in COSTS.items():
+        for workers in args.workers:
+            if (cost := feature_cost(samples, workers, on, off)) is not None:
+                median, low, high = cost
+                print(
+                    f"{name.replace('_', ' ')}, {workers} worker(s): {100 * median:.1f}% "
+                    f"(1 - {on}/{off}, of the medians; per repetition {100 * low:.1f}% to {100 * high:.1f}%)"
+                )
     if start_seconds is not None:
         print(
             f"ours: run_start of {args.workflows} runs, one process, before timing: {start_seconds:.1f} s "
@@ -654,11 +679,13 @@ def _median_rate(groups: dict[tuple[str, int], Summary], contender: str, workers
     return summary.median(lambda s: s.steps_per_s) if summary else None
 
 
-def heartbeat_cost(samples: Sequence[Sample], workers: int) -> tuple[float, float, float] | None:
-    """1 - ours_call steps/s / ours_call_nohb steps/s at ``workers``: of the medians, then the
+def feature_cost(
+    samples: Sequence[Sample], workers: int, with_it: str, without_it: str
+) -> tuple[float, float, float] | None:
+    """1 - ``with_it`` steps/s / ``without_it`` steps/s at ``workers``: of the medians, then the
     min and max of the same ratio within each repetition (its two measurements are back to back)."""
-    on = {s.rep: s.steps_per_s for s in samples if s.contender == "ours_call" and s.workers == workers}
-    off = {s.rep: s.steps_per_s for s in samples if s.contender == "ours_call_nohb" and s.workers == workers}
+    on = {s.rep: s.steps_per_s for s in samples if s.contender == with_it and s.workers == workers}
+    off = {s.rep: s.steps_per_s for s in samples if s.contender == without_it and s.workers == workers}
     paired = [1 - on[rep] / off[rep] for rep in on.keys() & off.keys()]
     if not paired:
         return None
@@ -702,9 +729,10 @@ def summary_json(
         if other != "celery":
             result[f"{other}_cpu_ms_per_step"] = median(other, lambda s: s.cpu_ms_per_step)
     result["start_runs_per_s"] = round(args.workflows / start_seconds, 1) if start_seconds else None
-    costs = {str(n): cost for n in args.workers if (cost := heartbeat_cost(samples, n)) is not None}
-    for key, index in (("heartbeat_cost", 0), ("heartbeat_cost_min", 1), ("heartbeat_cost_max", 2)):
-        result[key] = {n: round(cost[index], 4) for n, cost in costs.items()} or None
+    for name, (on, off) in COSTS.items():
+        costs = {str(n): cost for n in args.workers if (cost := feature_cost(samples, n, on, off)) is not None}
+        for key, index in ((name, 0), (f"{name}_min", 1), (f"{name}_max", 2)):
+            result[key] = {n: round(cost[index], 4) for n, cost in costs.items()} or None
     return result
 
 
@@ -767,12 +795,15 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
 
 
 def _order(contenders: list[str], rep: int) -> list[str]:
-    """The contenders in their order, except that ours_call and ours_call_nohb (adjacent in
+    """The contenders in their order, except that the two of each pair in COSTS (adjacent in
     CONTENDERS) swap places every other repetition: neither is always the first of the pair."""
-    if rep % 2 and "ours_call" in contenders and "ours_call_nohb" in contenders:
-        i = contenders.index("ours_call")
-        return [*contenders[:i], "ours_call_nohb", "ours_call", *contenders[i + 2 :]]
-    return contenders
+    ordered = list(contenders)
+    if rep % 2:
+        for on, off in COSTS.values():
+            if on in ordered and off in ordered:
+                i, j = ordered.index(on), ordered.index(off)
+                ordered[i], ordered[j] = off, on
+    return ordered
 
 
 def main() -> None:

@@ -185,6 +185,32 @@ RECOVERY_READY_BEAT_SECONDS = float(env("RECOVERY_READY_BEAT_SECONDS", "60"))
 if RECOVERY_READY_BEAT_SECONDS <= 0:
     raise ImproperlyConfigured("RECOVERY_READY_BEAT_SECONDS must be > 0")
 
+# Alerts on stuck runs (Workflow(stuck_after=…); recovery/observability/alerts.py). The webhook
+# is signed with HMAC-SHA256 under its secret; e-mails go through Django's e-mail backend.
+RECOVERY_CONSOLE_URL = env("RECOVERY_CONSOLE_URL", f"http://127.0.0.1:{env('PORT', '8000')}").rstrip("/")
+RECOVERY_ALERT_WEBHOOK_URL = env("RECOVERY_ALERT_WEBHOOK_URL", "")
+RECOVERY_ALERT_WEBHOOK_SECRET = env("RECOVERY_ALERT_WEBHOOK_SECRET", "")
+if RECOVERY_ALERT_WEBHOOK_URL and len(RECOVERY_ALERT_WEBHOOK_SECRET) < 16:
+    raise ImproperlyConfigured("RECOVERY_ALERT_WEBHOOK_SECRET (16 characters or more) signs the alert webhook")
+RECOVERY_ALERT_EMAILS = [a.strip() for a in env("RECOVERY_ALERT_EMAILS", "").split(",") if a.strip()]
+RECOVERY_SMTP_PASSWORD = env("DJANGO_EMAIL_HOST_PASSWORD", "")  # a secret: redacted wherever it appears
+_mail_backend = env("DJANGO_EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+MAILERS = {
+    "default": {
+        "BACKEND": _mail_backend,
+        "OPTIONS": {
+            "host": env("DJANGO_EMAIL_HOST", "localhost"),
+            "port": int(env("DJANGO_EMAIL_PORT", "25")),
+            "username": env("DJANGO_EMAIL_HOST_USER", ""),
+            "password": RECOVERY_SMTP_PASSWORD,
+            "use_tls": env_bool("DJANGO_EMAIL_USE_TLS", False),
+        }
+        if _mail_backend.endswith("smtp.EmailBackend")
+        else {},
+    }
+}
+DEFAULT_FROM_EMAIL = env("DJANGO_DEFAULT_FROM_EMAIL", "recovery-console@localhost")
+
 # --- Simulated external systems and the adapters that call them -----------------------
 SANDBOX_URL = env("SANDBOX_URL", f"http://127.0.0.1:{env('PORT', '8000')}").rstrip("/")
 # Seconds an adapter waits for a response once its request is sent; past it, the outcome is unknown.
@@ -208,7 +234,8 @@ OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "20"))
 # defaults in recovery/redaction.py: RECOVERY_REDACT_FIELDS (key names whose values are
 # replaced), RECOVERY_REDACT_PATTERNS (name -> regex, replaced in every string) and
 # RECOVERY_REDACT_SETTINGS (the settings whose values are secrets, replaced wherever they
-# appear: SECRET_KEY, OPENAI_API_KEY, SANDBOX_API_KEY, RECOVERY_METRICS_TOKEN).
+# appear: SECRET_KEY, OPENAI_API_KEY, SANDBOX_API_KEY, RECOVERY_METRICS_TOKEN,
+# RECOVERY_ALERT_WEBHOOK_SECRET, RECOVERY_SMTP_PASSWORD).
 
 # The redact filter runs on the handler: a logger's own filters never see its children's
 # records. recovery.apps also redacts every record where it is created, for other handlers.
@@ -240,12 +267,29 @@ SECURE_CSP = {
     "object-src": [CSP.NONE],
 }
 
+# RECOVERY_LOG_FORMAT=json: one JSON object per line, with the run, step and actor a record is
+# about (recovery/logs.py); "text" (the default): one plain line.
+RECOVERY_LOG_FORMAT = env("RECOVERY_LOG_FORMAT", "text")
+if RECOVERY_LOG_FORMAT not in {"text", "json"}:
+    raise ImproperlyConfigured("RECOVERY_LOG_FORMAT must be 'text' or 'json'")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"redact": {"()": "recovery.redaction.RedactingFilter"}},
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}},
+    "filters": {
+        "redact": {"()": "recovery.redaction.RedactingFilter"},
+        "context": {"()": "recovery.logs.ContextFilter"},
+    },
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "recovery.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": RECOVERY_LOG_FORMAT,
+            "filters": ["redact", "context"],
+        }
+    },
     "loggers": {
         "recovery": {"handlers": ["console"], "level": env("RECOVERY_LOG_LEVEL", "INFO")},
         "workflows": {"handlers": ["console"], "level": env("RECOVERY_LOG_LEVEL", "INFO")},

@@ -68,6 +68,7 @@ ACTIONS: dict[str, OperatorAction] = {
         ),
         OperatorAction("decide_again", "ask the model again", "supersede", "decision_supersede", StepArg.REQUIRED),
         OperatorAction("override", "accept the refused proposal", "override", "step_override", StepArg.REQUIRED),
+        OperatorAction("snooze_alert", "snooze its alert", "snooze", "alert_snooze"),
     )
 }
 

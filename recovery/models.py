@@ -404,3 +404,61 @@ class SweeperBeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} swept at {self.at:%Y-%m-%d %H:%M:%S} by {self.by}"
+
+
+class AlertState(models.TextChoices):
+    FIRING = "firing"  # the run is stuck for this cause: its notifications are sent
+    SNOOZED = "snoozed"  # a supervisor silenced it, with a reason, until snoozed_until
+    RESOLVED = "resolved"  # the run moved on (or was changed): nothing more is sent
+
+
+class Alert(models.Model):
+    """A run that stayed stuck for one cause longer than its workflow allows (``stuck_after``):
+    raised once per run, cause and episode (``revision``: the run's revision when it was raised;
+    a change of the run ends the episode), audited on the run, sent through every configured
+    channel (AlertDelivery), resolved when the run is no longer stuck for that cause."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="alerts")
+    cause = models.CharField(max_length=40)
+    revision = models.BigIntegerField()
+    state = models.CharField(max_length=10, choices=AlertState.choices, default=AlertState.FIRING)
+    why = models.TextField()  # "why is this run not moving", when it was raised
+    stuck_since = models.DateTimeField()  # the run's last change before it was raised
+    raised_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    snoozed_until = models.DateTimeField(null=True, blank=True)
+    snoozed_by = models.CharField(max_length=150, blank=True)
+    snooze_reason = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "cause", "revision"], name="one_alert_per_episode")]
+        indexes = [models.Index(fields=["state", "raised_at"], name="alert_state_idx")]
+
+    def __str__(self) -> str:
+        return f"alert {self.pk} ({self.cause}, {self.state})"
+
+
+class DeliveryState(models.TextChoices):
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"  # gave up after its attempts
+    CANCELLED = "cancelled"  # the alert was resolved or snoozed before it was sent
+
+
+class AlertDelivery(models.Model):
+    """One alert through one channel ("webhook", "email"): sent once, retried with backoff."""
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="deliveries")
+    channel = models.CharField(max_length=20)
+    state = models.CharField(max_length=10, choices=DeliveryState.choices, default=DeliveryState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["alert", "channel"], name="one_delivery_per_channel")]
+        indexes = [models.Index(fields=["state", "next_attempt_at"], name="alert_delivery_due_idx")]
+
+    def __str__(self) -> str:
+        return f"alert {self.alert_id} by {self.channel} ({self.state})"

@@ -31,6 +31,7 @@ REQUIRED_ROLE: dict[str, Role] = {
     "terminate": Role.SUPERVISOR,
     "supersede": Role.SUPERVISOR,  # replace a model's decision (edited, or asked again)
     "override": Role.SUPERVISOR,  # accept a proposal a guard refused
+    "snooze": Role.SUPERVISOR,  # silence a stuck run's alert, with a reason
     "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.engine.transitions.approval_grant)
     "bulk": Role.OPERATOR,  # the bulk form; each action then needs its own role (terminate: a supervisor)
     "sandbox": Role.SUPERVISOR,

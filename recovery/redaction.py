@@ -15,8 +15,8 @@ it is) and replaces
   key blocks) with ``[REDACTED:<name>]``;
 - every occurrence of the value of a setting named in ``RECOVERY_REDACT_SETTINGS`` (the secrets
   this deployment knows: ``SECRET_KEY``, ``OPENAI_API_KEY``, ``SANDBOX_API_KEY``,
-  ``RECOVERY_METRICS_TOKEN``; values shorter than 8 characters are not looked for: they would
-  mangle ordinary text) with
+  ``RECOVERY_METRICS_TOKEN``, ``RECOVERY_ALERT_WEBHOOK_SECRET``, ``RECOVERY_SMTP_PASSWORD``; values
+  shorter than 8 characters are not looked for: they would mangle ordinary text) with
   ``[REDACTED:<SETTING>]``.
 
 A NUL character, which PostgreSQL cannot store, becomes U+FFFD (a remote system's error text
@@ -78,7 +78,14 @@ DEFAULT_PATTERNS: dict[str, str] = {
     "private_key": r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)",
 }
 
-DEFAULT_SECRET_SETTINGS: tuple[str, ...] = ("SECRET_KEY", "OPENAI_API_KEY", "SANDBOX_API_KEY", "RECOVERY_METRICS_TOKEN")
+DEFAULT_SECRET_SETTINGS: tuple[str, ...] = (
+    "SECRET_KEY",
+    "OPENAI_API_KEY",
+    "SANDBOX_API_KEY",
+    "RECOVERY_METRICS_TOKEN",
+    "RECOVERY_ALERT_WEBHOOK_SECRET",
+    "RECOVERY_SMTP_PASSWORD",
+)
 
 MIN_SECRET_LENGTH = 8
 

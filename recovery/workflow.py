@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -289,6 +289,21 @@ def _first_line(fn: Callable) -> str:
     return (fn.__doc__ or fn.__name__).strip().splitlines()[0]
 
 
+def _stuck_after(value: timedelta | Mapping[str, timedelta] | None) -> dict[str, timedelta]:
+    from recovery.counts import STUCK_LABELS  # reads the models: only once the app registry is ready
+
+    if value is None:
+        return {}
+    chosen = {"any": value} if isinstance(value, timedelta) else dict(value)
+    unknown = sorted(set(chosen) - {*STUCK_LABELS, "any"})
+    if unknown:
+        raise ValueError(f"stuck_after: no stuck cause {', '.join(unknown)} (one of {', '.join(STUCK_LABELS)}, any)")
+    for cause, after in chosen.items():
+        if not isinstance(after, timedelta) or after <= timedelta(0):
+            raise ValueError(f"stuck_after[{cause!r}] must be a positive timedelta, got {after!r}")
+    return chosen
+
+
 class Workflow:
     def __init__(
         self,
@@ -301,6 +316,7 @@ class Workflow:
         compensation: CompensationPolicy = CompensationPolicy.OPERATOR,
         redact_fields: tuple[str, ...] = (),
         four_eyes: bool | Iterable[str] = False,
+        stuck_after: timedelta | Mapping[str, timedelta] | None = None,
     ):
         """``redact_fields`` names this workflow's own sensitive keys, redacted wherever the
         engine persists its data, on top of ``RECOVERY_REDACT_FIELDS`` (recovery.redaction).
@@ -308,7 +324,12 @@ class Workflow:
         ``four_eyes``: the operator actions that need a second supervisor's approval before
         they run (``FOUR_EYES_ACTIONS``: ``compensate``, ``terminate``, ``resolve_happened`` —
         "mark succeeded"); ``True`` for all of them. One person requests, another approves
-        (recovery.engine.transitions.approval_request / approval_grant)."""
+        (recovery.engine.transitions.approval_request / approval_grant).
+
+        ``stuck_after``: when a run of this workflow that is stuck (a person must act, or
+        something is wrong: the console's stuck causes) raises an alert — one duration for
+        every cause, or one per cause (``{"unknown": timedelta(minutes=5), "any": …}``; "any"
+        for the causes not named). Counted from the run's last change. None: no alert."""
         self.name = name
         self.version = version
         self._workflow_id = workflow_id
@@ -321,6 +342,7 @@ class Workflow:
             unknown, known = (", ".join(sorted(names)) for names in (chosen - FOUR_EYES_ACTIONS, FOUR_EYES_ACTIONS))
             raise ValueError(f"four_eyes: {unknown} cannot need approval (one of {known})")
         self.four_eyes: frozenset[str] = frozenset(chosen)
+        self.stuck_after: dict[str, timedelta] = _stuck_after(stuck_after)
         self.steps: list[StepSpec] = []
         self.guards: list[Guard] = []
         register(self)
@@ -338,6 +360,10 @@ class Workflow:
             return fn
 
         return register
+
+    def overdue_after(self, cause: str) -> timedelta | None:
+        """How long a run may be stuck for ``cause`` before it raises an alert (None: never)."""
+        return self.stuck_after.get(cause, self.stuck_after.get("any"))
 
     def writing_steps(self) -> list[str]:
         """The steps whose effect, once made, stands elsewhere (not a model step's decision)."""

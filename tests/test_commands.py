@@ -312,3 +312,26 @@ def test_recover_approves_and_rejects_a_four_eyes_request_of_that_run(clock):
     out = run_cmd("recover", "approve", wid, "--request", request_id, "--reason", "checked", "--as", "bob")
     assert out == f"approve: request {request_id} is approved; {wid} is now terminated"
     assert AuditEvent.objects.filter(action="approval_grant", actor="bob").count() == 1
+
+
+def test_recover_snooze_alert_is_a_supervisor_s_and_needs_a_firing_alert():
+    from recovery.engine.transitions import alert_raise
+    from recovery.models import Alert, AlertState
+
+    person("sue")
+    person("otto", "operator")
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    with pytest.raises(CommandError, match="has no alert firing"):
+        run_cmd("recover", "snooze_alert", wid, "--reason", "known", "--as", "sue")
+    run = WorkflowRun.objects.get()
+    alert_raise(run_pk=run.pk, cause="needs_review", revision=run.revision, why="waiting", channels=[])
+    with pytest.raises(CommandError, match="needs the supervisor role"):
+        run_cmd("recover", "snooze_alert", wid, "--reason", "known", "--as", "otto")
+    run_cmd("recover", "snooze_alert", wid, "--reason", "the ledger is down until 6", "--as", "sue")
+    alert = Alert.objects.get()
+    assert (alert.state, alert.snoozed_by, alert.snooze_reason) == (
+        AlertState.SNOOZED,
+        "sue",
+        "the ledger is down until 6",
+    )
+    assert AuditEvent.objects.get(action="alert_snoozed").actor == "sue"

@@ -12,7 +12,6 @@ from django.db.models import Q, Value
 from django.db.models.functions import StrIndex, Upper
 from django.utils.timezone import localtime
 
-from recovery.console.why import why_not_moving
 from recovery.counts import STUCK_LABELS, stuck_causes
 from recovery.models import (
     DecisionState,
@@ -21,6 +20,7 @@ from recovery.models import (
     StepExecution,
     WorkflowRun,
 )
+from recovery.why import why_not_moving
 
 
 def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
@@ -296,6 +296,7 @@ def workflow_names() -> list[str]:
 # the full trail the page links (CSV / JSON Lines export). Rendering hundreds of rows cost more
 # than every query of the page together.
 AUDIT_SHOWN = 50
+ALERTS_SHOWN = 10  # the newest alerts of a run (each also in its audit trail)
 # The timeline plots at most the newest TIMELINE_POINTS attempt events (a retry storm of
 # thousands would be an unreadable smear and a slow page); its axis then starts at the oldest shown.
 TIMELINE_POINTS = 100
@@ -335,6 +336,7 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
     audit = list(run.audit_events.order_by("-at", "-id")[: AUDIT_SHOWN + 1])
     decisions = list(run.decisions.order_by("step_name", "created_at"))
     outbox = list(run.outbox.order_by("pk"))
+    alerts = list(run.alerts.prefetch_related("deliveries").order_by("-raised_at", "-pk")[:ALERTS_SHOWN])
     versions = list(
         run.history.select_related("history_user").order_by("-history_date", "-history_id")[: AUDIT_SHOWN + 1]
     )
@@ -353,6 +355,7 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
         "superseded": [d for d in decisions if d.state == DecisionState.SUPERSEDED],
         "invalid": [d for d in decisions if d.state == DecisionState.INVALID],
         "outbox": outbox,
+        "alerts": alerts,
         "versions": versions[:AUDIT_SHOWN],
         "versions_truncated": len(versions) > AUDIT_SHOWN,
         "audit_shown": AUDIT_SHOWN,

@@ -17,8 +17,19 @@ from recovery import clock, counts
 from recovery.actions import ACTIONS, BULK_ACTIONS, StepArg, parse_decision
 from recovery.engine import transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
-from recovery.models import FAILURE_ACTIONS, AuditEvent, StepExecution, StepState, WorkflowRun
+from recovery.models import (
+    FAILURE_ACTIONS,
+    Alert,
+    AlertState,
+    AuditEvent,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowRun,
+)
+from recovery.observability import exposition
 from recovery.permissions import can
+from recovery.workflow import all_workflows
 
 # The column's size: a longer evidence reference is refused with a message, not a database error.
 REMOTE_REF_MAX_LENGTH = StepExecution._meta.get_field("remote_ref").max_length
@@ -86,16 +97,20 @@ def offered(detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime) ->
     """(action, step) pairs valid in the run's current state AND allowed for this user: the
     transitions' own judgement (transitions.why_not), which they apply again when the form
     comes back."""
-    situation = transitions.Situation.of(detail["run"], detail["steps"], now)
-    return transitions.offered(situation, user)
+    return transitions.offered(_situation(detail, now), user)
 
 
 def beyond_role(detail: dict[str, Any], pairs: list[tuple[str, str | None]], *, now: datetime) -> list[str]:
     """What the run's state allows but this person's role does not (named, so that a page with
     no button says why): the labels of the valid actions outside ``pairs``."""
-    situation = transitions.Situation.of(detail["run"], detail["steps"], now)
-    valid = transitions.offered(situation, None)
+    valid = transitions.offered(_situation(detail, now), None)
     return list(dict.fromkeys(ACTIONS[name].label for name, step in valid if (name, step) not in pairs))
+
+
+def _situation(detail: dict[str, Any], now: datetime) -> transitions.Situation:
+    """The run page's run as the actions judge it, from what the page already read."""
+    firing = any(alert.state == AlertState.FIRING for alert in detail["alerts"])
+    return transitions.Situation.of(detail["run"], detail["steps"], now, firing_alert=firing)
 
 
 def available_actions(
@@ -128,6 +143,7 @@ def _button(name: str, step: StepExecution | None, workflow) -> Action:
         "resolve_happened": f"{at}: it succeeded",
         "resolve_absent": f"{at}: it did not happen",
         "terminate": "Terminate",
+        "snooze_alert": "Snooze its alert for 24 h",
     }[name]
     confirm = "Stop this run for good? Effects made stay made." if name == "terminate" else ""
     return Action(name, label, at, confirm=confirm, evidence=name == "resolve_happened")
@@ -292,7 +308,8 @@ def _blocked_step(workflow_id: str) -> str:
 
 def dashboard(*, now: datetime) -> dict[str, Any]:
     """Runs by state, stuck runs by cause, and retries / unknown outcomes per hour over the
-    last 24 hours, laid out for small server-rendered SVG bar charts."""
+    last 24 hours, laid out for small server-rendered SVG bar charts; and the numbers
+    ``/metrics`` serves, per workflow: the same gauges and the engine's counters."""
     since = now - timedelta(hours=24)
     per_hour = (
         AuditEvent.objects.filter(at__gte=since, action__in=FAILURE_ACTIONS)  # audit_failures_at_idx
@@ -307,14 +324,73 @@ def dashboard(*, now: datetime) -> dict[str, Any]:
         bucket = unknown if row["action"] == "step_unknown" else retries
         if row["hour"] in bucket:
             bucket[row["hour"]] += row["n"]
-    states = counts.state_counts()
-    stuck = counts.stuck_counts(now=now, states=states)
+    workflows = [wf.name for wf in all_workflows()]
+    # The numbers /metrics serves: its gauges (recovery.counts) and its counters.
+    found = counts.by_workflow(workflows, now=now)
+    states = [(s.value, s.label, [found["states"][(w, s.value)] for w in workflows]) for s in RunState]
+    stuck = [(c, label, [found["stuck"][(w, c)] for w in workflows]) for c, label in counts.STUCK_LABELS.items()]
     return {
-        "states": _bars([(c["label"], c["count"], f"?state={c['state']}") for c in states]),
-        "stuck": _bars([(c["label"], c["count"], f"?stuck={c['cause']}") for c in stuck]),
+        "states": _bars([(label, _total(cells), f"?state={state}") for state, label, cells in states]),
+        "stuck": _bars([(label, _total(cells), f"?stuck={cause}") for cause, label, cells in stuck]),
         "retries": _columns([(h, retries[h]) for h in hours]),
         "unknown": _columns([(h, unknown[h]) for h in hours]),
+        "workflows": workflows,
+        "by_workflow": [{"label": label, "cells": cells} for _, label, cells in states + stuck],
+        "engine": _engine_counters(workflows),
+        "oldest_undelivered": round(counts.oldest_undelivered(now)),
+        "firing": _firing(),
         "now": now,
+    }
+
+
+FIRING_SHOWN = 20
+
+
+def _firing() -> dict[str, Any]:
+    """The alerts firing now (not snoozed, not resolved), newest first, and how many (capped)."""
+    firing = Alert.objects.filter(state=AlertState.FIRING)
+    (count, capped), *_ = counts.capped_counts([firing])
+    newest = list(firing.select_related("run").prefetch_related("deliveries").order_by("-raised_at")[:FIRING_SHOWN])
+    for alert in newest:
+        alert.label = counts.STUCK_LABELS.get(alert.cause, alert.cause)
+    return {"count": count, "capped": capped, "alerts": newest}
+
+
+def _total(cells: list[tuple[int, bool]]) -> int:
+    return sum(n for n, _ in cells)
+
+
+# The dashboard's rows of the engine's counters: (label, counter, label to split by, its value).
+ENGINE_ROWS = (
+    ("Attempts that succeeded", "recovery_step_attempts_total", "outcome", "succeeded"),
+    ("Attempts that failed", "recovery_step_attempts_total", "outcome", "failed"),
+    ("Attempts with an unknown outcome", "recovery_step_attempts_total", "outcome", "unknown"),
+    ("Look-ups: it happened", "recovery_reconciles_total", "result", "happened"),
+    ("Look-ups: it did not", "recovery_reconciles_total", "result", "absent"),
+    ("Look-ups: may still commit", "recovery_reconciles_total", "result", "wait"),
+    ("Look-ups that failed", "recovery_reconciles_total", "result", "failed"),
+    ("Runs taken over", "recovery_lease_takeovers_total", "", ""),
+    ("Policy refusals", "recovery_policy_refusals_total", "", ""),
+)
+
+
+def _engine_counters(workflows: list[str]) -> dict[str, Any]:
+    """The engine's counters since its processes started (every process's, through
+    PROMETHEUS_MULTIPROC_DIR): per workflow, and operator actions by action and role."""
+    samples = exposition.counter_samples()
+    rows = []
+    for label, name, split, value in ENGINE_ROWS:
+        by = (
+            exposition.totals(samples, name, "workflow", split)
+            if split
+            else exposition.totals(samples, name, "workflow")
+        )
+        key = (value,) if split else ()
+        rows.append({"label": label, "cells": [int(by.get((w, *key), 0)) for w in workflows]})
+    actions = exposition.totals(samples, "recovery_operator_actions_total", "action", "role")
+    return {
+        "rows": rows,
+        "actions": [{"action": a, "role": r, "count": int(n)} for (a, r), n in sorted(actions.items())],
     }
 
 

@@ -17,9 +17,9 @@ from django.utils.http import RFC3986_SUBDELIMS, url_has_allowed_host_and_scheme
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseStopPolling, reswap, retarget
 
-from recovery import clock, counts
+from recovery import clock, counts, why
 from recovery.actions import PERMISSION_OF
-from recovery.console import selectors, services, why
+from recovery.console import selectors, services
 from recovery.engine.transitions import TERMINAL_RUN_STATES, lease_is_live, run_version
 from recovery.errors import InvalidTransition, NotPermitted, RunChanged
 from recovery.models import RunState, StepState, WorkflowRun
@@ -230,9 +230,11 @@ def run_href(workflow_id: str, prefix: str) -> str:
 def _live_fingerprint(detail: dict) -> str:
     """What the live parts show, in short: the run's version (every change of it, of its steps,
     of its outbox and its audit trail bumps it), the sentence that reads the clock, and the
-    approvals waiting on it."""
+    approvals waiting on it, and its alerts with their deliveries (raised and sent without a
+    change of the run)."""
     approvals = ",".join(str(a["request"].pk) for a in detail["approvals"])
-    text = f"{detail['version']}|{detail['run'].revision}|{detail['why']}|{approvals}|{detail['finished']}"
+    alerts = ",".join(f"{a.pk}:{a.state}:{[d.state for d in a.deliveries.all()]}" for a in detail["alerts"])
+    text = f"{detail['version']}|{detail['run'].revision}|{detail['why']}|{approvals}|{alerts}|{detail['finished']}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from recovery import clock
+from recovery import clock, logs
 from recovery.engine import failpoints, guards, metrics, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke, validate_decision
 from recovery.engine.publisher import publish_due
-from recovery.engine.transitions import DONE_STEP_STATES, Lease
+from recovery.engine.transitions import DONE_STEP_STATES, EXECUTOR, Lease
 from recovery.errors import (
     DatabaseUnavailable,
     ErrorKind,
@@ -107,6 +108,15 @@ def advance(run_pk: int, *, owner: str | None = None) -> str | None:
 
 
 def _advance_claimed(lease: Lease) -> str | None:
+    run = lease.seen["run"]  # the claim's own copy
+    bound = logs.bound(
+        workflow_id=run.workflow_id, workflow=run.workflow_name, lease_generation=lease.generation, actor=EXECUTOR
+    )
+    with bound:
+        return _advance_bound(lease)
+
+
+def _advance_bound(lease: Lease) -> str | None:
     try:
         for _ in range(MAX_TRANSITIONS_PER_CLAIM):
             plan = _load(lease)
@@ -165,6 +175,11 @@ def _step_once(lease: Lease, plan: _Plan) -> bool:
     step = plan.next_step()
     if step is None:
         return _finish(lease, plan)
+    with logs.bound(step=step.step_name, attempt=step.attempts, key=logs.key_prefix(step.idempotency_key)):
+        return _step(lease, plan, step)
+
+
+def _step(lease: Lease, plan: _Plan, step: StepExecution) -> bool:
     spec = plan.workflow.get_step(step.step_name)
     now = clock.now()
 
@@ -567,10 +582,17 @@ def run_due(*, owner: str | None = None, limit: int = 100) -> int:
 BEAT_SECONDS = 5.0  # how often the embedded executor's loop records that it is sweeping
 
 
-def run_forever(*, until_idle: bool = False, poll_seconds: float = 1.0, owner: str | None = None) -> int:
+def run_forever(
+    *,
+    until_idle: bool = False,
+    poll_seconds: float = 1.0,
+    owner: str | None = None,
+    on_beat: Callable[[], object] | None = None,
+) -> int:
     """The embedded executor: advance due runs and publish due outbox messages until stopped
     (or, with ``until_idle``, until nothing is due now). Returns the number of runs advanced
-    and messages attempted."""
+    and messages attempted. Every BEAT_SECONDS it records that a sweeper is alive and calls
+    ``on_beat`` (``run_executor`` sweeps the alerts there)."""
     total = 0
     outage = 0  # consecutive rounds the database could not be reached
     beat_due = 0.0  # time.monotonic() of this loop's next sweeper beat (what /readyz reads)
@@ -578,6 +600,8 @@ def run_forever(*, until_idle: bool = False, poll_seconds: float = 1.0, owner: s
         try:
             if time.monotonic() >= beat_due:
                 transitions.sweeper_beat(name="embedded executor", by=owner)
+                if on_beat is not None:
+                    on_beat()  # run_executor: the alerts' sweep
                 beat_due = time.monotonic() + BEAT_SECONDS
             advanced = run_due(owner=owner) + publish_due(owner=owner)
         except (DatabaseUnavailable, OperationalError, InterfaceError) as exc:

@@ -61,6 +61,11 @@ POLICY_REFUSALS = Counter(
     "Steps a guard refused before anything was written or sent, by the guard's rule.",
     ["workflow", "rule"],
 )
+ALERTS_SENT = Counter(
+    "recovery_alerts_sent",
+    "Alerts about stuck runs sent, by channel (webhook, email).",
+    ["channel"],
+)
 OPERATOR_ACTIONS = Counter(
     "recovery_operator_actions",
     "Operator actions performed (console, bulk, manage.py recover, approved requests), by role.",
@@ -146,3 +151,9 @@ def operator_action(action: str, role: str) -> None:
     """An operator's action was performed: count it once its transaction commits."""
     if _enabled():
         transaction.on_commit(partial(OPERATOR_ACTIONS.labels(action, role).inc))
+
+
+def alert_sent(channel: str) -> None:
+    """An alert was sent through ``channel``: count it once its transaction commits."""
+    if _enabled():
+        transaction.on_commit(partial(ALERTS_SENT.labels(channel).inc))

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from django.db import InterfaceError, OperationalError
 
-from recovery import clock
+from recovery import clock, logs
 from recovery.engine import failpoints, metrics, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke
 from recovery.errors import LeaseLost
@@ -38,6 +38,19 @@ def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
 def _deliver(claim: transitions.OutboxClaim) -> None:
     message = OutboxMessage.objects.select_related("run").get(pk=claim.pk)
     run = message.run
+    bound = logs.bound(
+        workflow_id=run.workflow_id,
+        workflow=run.workflow_name,
+        step=message.step_name,
+        attempt=message.attempts,
+        key=logs.key_prefix(message.idempotency_key),
+        actor=transitions.EXECUTOR,
+    )
+    with bound:
+        _deliver_bound(claim, message, run)
+
+
+def _deliver_bound(claim: transitions.OutboxClaim, message: OutboxMessage, run) -> None:
     spec = get_workflow(run.workflow_name).get_step(message.step_name)
     results = dict(StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED).values_list("step_name", "result"))
     ctx = StepContext(

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.samples import Sample
 
 from recovery import clock, counts
 from recovery.workflow import all_workflows
@@ -55,13 +56,35 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
-def registry() -> CollectorRegistry:
-    """A registry for one scrape (nothing is kept between scrapes)."""
+def _counting() -> CollectorRegistry:
+    """The engine's counters and histograms: every process's, or this process's own."""
     registry = CollectorRegistry(auto_describe=False)
     if multiprocess_dir():
         MultiProcessCollector(registry)
     else:
         registry.register(_ThisProcess())
+    return registry
+
+
+def counter_samples() -> list[Sample]:
+    """Every sample of the engine's counters and histograms (every process's), read once."""
+    return [sample for family in _counting().collect() for sample in family.samples]
+
+
+def totals(samples: list[Sample], name: str, *by: str) -> dict[tuple[str, ...], float]:
+    """The samples named ``name`` (e.g. ``recovery_step_attempts_total``) added up by the labels
+    ``by``: ``{(label value, …): total}``. The numbers ``/metrics`` serves, for the dashboard."""
+    found: dict[tuple[str, ...], float] = {}
+    for sample in samples:
+        if sample.name == name:
+            key = tuple(sample.labels.get(label, "") for label in by)
+            found[key] = found.get(key, 0.0) + sample.value
+    return found
+
+
+def registry() -> CollectorRegistry:
+    """A registry for one scrape (nothing is kept between scrapes)."""
+    registry = _counting()
     registry.register(DatabaseGauges())
     return registry
 

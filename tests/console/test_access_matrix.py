@@ -27,8 +27,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from recovery.actions import PERMISSION_OF
 from recovery.api import tokens
-from recovery.engine.transitions import approval_request, run_start, run_version, sweeper_beat
+from recovery.engine.transitions import alert_raise, approval_request, run_start, run_version, sweeper_beat
 from recovery.models import (
+    Alert,
     ApiToken,
     ApprovalRequest,
     AuditEvent,
@@ -111,6 +112,7 @@ def action_row(action: str, *, needs: str = "", step: str | None = None, role: R
         "late_failure": lambda w: w.late,
         "approval": lambda w: w.guarded,
         "refused": lambda w: w.refused,
+        "alert": lambda w: w.failed,
     }[needs]
     step = STEP_OF_ACTION.get(action, "") if step is None else step
     return Row(
@@ -174,6 +176,7 @@ MATRIX: list[Row] = [
     action_row("reconcile", needs="unknown"),
     action_row("resolve_happened", needs="unknown"),
     action_row("resolve_absent", needs="unknown"),
+    action_row("snooze_alert", needs="alert"),  # a supervisor's: the failed run's alert is firing
     action_row("approve", needs="approval"),  # another supervisor's request to terminate
     action_row("reject", needs="approval"),
     Row(
@@ -379,6 +382,7 @@ def world_state() -> dict:
         "decisions": ModelDecision.objects.count(),
         "approvals": list(ApprovalRequest.objects.order_by("pk").values_list("pk", "state", "decided_by")),
         "tokens": list(ApiToken.objects.order_by("pk").values_list("pk", "revoked_at", "last_used_at")),
+        "alerts": list(Alert.objects.order_by("pk").values_list("pk", "state", "snoozed_until")),
         "users": list(get_user_model().objects.order_by("pk").values_list("pk", "username", "is_staff")),
         "memberships": list(get_user_model().groups.through.objects.order_by("pk").values_list("pk")),
         "groups": Group.objects.count(),
@@ -398,6 +402,9 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
     w = SimpleNamespace()
     w.failed = failed_run(clock)
     w.unknown = unknown_run(clock, monkeypatch) if needs == "unknown" else None
+    if needs == "alert":
+        w.failed.refresh_from_db()
+        alert_raise(run_pk=w.failed.pk, cause="failed_with_effects", revision=w.failed.revision, why="x", channels=[])
     if needs == "late_failure":  # the task and the message exist, the ledger refused: compensable
         receivers.arm("ledger", "forbidden")
         w.late = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "late"})[0], clock)

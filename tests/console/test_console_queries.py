@@ -37,8 +37,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 RUNS_PAGE_QUERIES = 6
 RUNS_TABLE_QUERIES = 6  # an htmx refresh of the table
 COUNTS_QUERIES = 5  # the counts part (on load, and its refresh): no page of runs
-# Session, user, role, the run, its steps, audit events, decisions, outbox, saved versions, timeline.
-RUN_PAGE_QUERIES = 10
+# Session, user, role, the run, its steps, audit events, decisions, outbox, alerts (their deliveries
+# only when it has some), saved versions, timeline.
+RUN_PAGE_QUERIES = 11
 
 SEARCH = "order:t:a"
 

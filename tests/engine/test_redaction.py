@@ -26,6 +26,7 @@ from recovery.engine import transitions
 from recovery.engine.audit.export import AuditFilters, export_chunks
 from recovery.engine.executor import advance
 from recovery.errors import PermanentError, TransientError, UnknownOutcome
+from recovery.logs import JsonFormatter
 from recovery.models import (
     AuditEvent,
     DecisionState,
@@ -257,7 +258,15 @@ def _path_env() -> dict[str, str]:
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
-def test_planted_secrets_reach_no_checkpoint_audit_event_export_or_log_line(clock, settings, stub, live_server, caplog):  # noqa: F811
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_planted_secrets_reach_no_checkpoint_audit_event_export_or_log_line(
+    clock,
+    settings,
+    stub,  # noqa: F811
+    live_server,
+    caplog,
+    log_format,
+):
     """Rule 6: plant every credential the deployment knows (the model API key, the adapters'
     token, an ingestion token, DJANGO_SECRET_KEY) and credentials pasted into events, echoed by
     the model, the adapters and remote systems in results and errors, typed by operators; run
@@ -293,6 +302,9 @@ def test_planted_secrets_reach_no_checkpoint_audit_event_export_or_log_line(cloc
     console = next(h for h in logging.getLogger("recovery").handlers if isinstance(h, logging.StreamHandler))
     console_out = io.StringIO()
     previous_stream = console.setStream(console_out)
+    previous_formatter = console.formatter
+    if log_format == "json":  # RECOVERY_LOG_FORMAT=json
+        console.setFormatter(JsonFormatter())
     loggers = [logging.getLogger(n) for n in ("recovery", "workflows")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
@@ -308,6 +320,7 @@ def test_planted_secrets_reach_no_checkpoint_audit_event_export_or_log_line(cloc
             runs = _run_everything(planted, sam, clock, stub)
     finally:
         console.setStream(previous_stream)
+        console.setFormatter(previous_formatter)
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 
@@ -359,6 +372,23 @@ def test_planted_secrets_reach_no_checkpoint_audit_event_export_or_log_line(cloc
     for where in ("captured logs", "console log"):
         assert "fetched with key [REDACTED:OPENAI_API_KEY] via [REDACTED:SANDBOX_API_KEY]" in texts[where]
     assert "model call failed" in caplog.text and "[REDACTED" in caplog.text
+    if log_format == "json":
+        _every_line_is_a_json_record_and_the_engine_s_say_what_they_are_about(console_out.getvalue(), runs)
+
+
+def _every_line_is_a_json_record_and_the_engine_s_say_what_they_are_about(text: str, runs: dict) -> None:
+    records = [json.loads(line) for line in text.splitlines()]  # a line that is not JSON fails here
+    assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    transitions = [r for r in records if r["logger"] == "recovery.transitions"]
+    ids = {run.workflow_id for run in runs.values()}
+    assert transitions and {r["workflow_id"] for r in transitions} == ids
+    assert all({"workflow", "action", "actor", "lease_generation"} <= set(r) for r in transitions)
+    # An executor's record about a step carries the step, its attempt and its key's prefix.
+    unknown = next(r for r in transitions if r["action"] == "step_unknown" and r["workflow"] == "invoice")
+    step = StepExecution.objects.get(run=runs["invoice"], step_name=unknown["step"])
+    assert unknown["actor"] == "executor" and unknown["attempt"] >= 1
+    assert unknown["key"] == step.idempotency_key[:16]
+    assert any(r["action"] == "terminate" and r["actor"] == "sam" for r in transitions)
 
 
 def _run_everything(planted: dict[str, str], sam, clock, stub) -> dict[str, WorkflowRun]:  # noqa: F811

@@ -5,6 +5,7 @@ notify (receiver does not: look up by client reference) -> post_entry (unique re
 """
 
 import logging
+from datetime import timedelta
 
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,6 +45,8 @@ orders = Workflow(
     input_schema=Event,
     workflow_id=lambda i: f"order:{i['tenant']}:{i['order_id']}",
     description="engine test workflow",
+    # An alert when a run waits for review over 10 minutes, or is stuck for any other cause an hour.
+    stuck_after={"needs_review": timedelta(minutes=10), "any": timedelta(hours=1)},
 )
 
 

@@ -6,6 +6,7 @@ proposes, and before anything is written the proposal must match what the invoic
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 from decimal import Decimal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +46,8 @@ invoice = Workflow(
     workflow_id=lambda event: f"invoice:{event['tenant']}:{event['invoice_id']}",
     description="Classify a supplier invoice, open an approval task, notify the approver, post the ledger entry.",
     compensation=CompensationPolicy.OPERATOR,
+    # An invoice stuck for a quarter of an hour (waiting for a person, or in trouble) raises an alert.
+    stuck_after=timedelta(minutes=15),
 )
 
 

@@ -24,6 +24,14 @@ from ._core import (
     run_version,
 )
 from ._core import _live_lease as lease_is_live
+from .alerts import (
+    alert_delivered,
+    alert_deliveries_claim,
+    alert_delivery_failed,
+    alert_raise,
+    alert_resolve,
+    alert_snooze,
+)
 from .approvals import approval_decide, approval_grant, approval_reject, approval_request
 from .compensation import (
     compensation_begin,
@@ -88,6 +96,12 @@ from .tables import (
 )
 
 __all__ = [
+    "alert_deliveries_claim",
+    "alert_delivered",
+    "alert_delivery_failed",
+    "alert_raise",
+    "alert_resolve",
+    "alert_snooze",
     "BUDGET_FIELDS",
     "DONE_STEP_STATES",
     "EXECUTOR",

@@ -18,7 +18,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
 
 from recovery import clock, redaction
-from recovery.engine import metrics, storage
+from recovery.engine import observed, storage
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, StepError
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
@@ -99,8 +99,22 @@ def _audit(
     step_name: str = "",
     reason: str = "",
 ) -> None:
-    storage.insert(AuditEvent, _audit_row(run, action, _actor_fields(actor), step_name, reason, before, after, now))
-    metrics.transition(run.workflow_name, action, step_name, after)
+    who = _actor_fields(actor)
+    storage.insert(AuditEvent, _audit_row(run, action, who, step_name, reason, before, after, now))
+    _observed(run, action, step_name, after, who["actor"])
+
+
+def _observed(run: WorkflowRun, action: str, step_name: str, after: dict, actor: str) -> None:
+    """Counted and logged once the transition's transaction commits (recovery.engine.observed)."""
+    observed.transition(
+        workflow_id=run.workflow_id,
+        workflow=run.workflow_name,
+        action=action,
+        step=step_name,
+        after=after,
+        lease_generation=run.lease_generation,
+        actor=actor,
+    )
 
 
 def _audit_row(
@@ -307,7 +321,7 @@ def _one_statement(
     if not written:
         lease.seen.clear()  # someone else saved the run, or the lease is gone: the ordinary way decides
         return None
-    metrics.transition(run.workflow_name, action, step_name, after)
+    _observed(run, action, step_name, after, EXECUTOR)
     return step
 
 

@@ -22,6 +22,7 @@ from ._core import (
     _audit,
     _check,
     _copy,
+    _observed,
     _renew,
     _save_run,
     _snap,
@@ -29,7 +30,7 @@ from ._core import (
     lease_duration,
 )
 from .outbox import locked_rows, outbox_due
-from .tables import RUN_TRANSITIONS
+from .tables import EXECUTOR, RUN_TRANSITIONS
 
 
 def _undispatched(now: datetime) -> Q:
@@ -141,8 +142,7 @@ def _claim_in_one_statement(owner: str, now: datetime, run_pk: int | None) -> Le
     if claimed is None:
         return None
     run, steps, taken_over, due_at = claimed
-    if taken_over:
-        metrics.transition(run.workflow_name, "lease_takeover", "", {})
+    _observed(run, "lease_takeover" if taken_over else "claim", "", {"run": run.state}, EXECUTOR)
     metrics.claimed(run.workflow_name, due_at=due_at, now=now)
     return _lease(run, steps, taken_over=taken_over)
 

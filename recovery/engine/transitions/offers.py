@@ -16,7 +16,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from recovery import permissions
 from recovery.actions import ACTIONS, StepArg
 from recovery.errors import InvalidTransition, NotPermitted
-from recovery.models import RunState, StepExecution, StepState, WorkflowRun
+from recovery.models import Alert, AlertState, RunState, StepExecution, StepState, WorkflowRun
 from recovery.workflow import Workflow, get_workflow
 
 from ._core import _live_lease
@@ -38,9 +38,12 @@ class Situation:
     now: datetime
     workflow: Workflow | None
     live: bool
+    firing_alert: bool | None = None  # whether the run has an alert firing (None: not read yet)
 
     @classmethod
-    def of(cls, run: WorkflowRun, steps: Iterable[StepExecution], now: datetime) -> Situation:
+    def of(
+        cls, run: WorkflowRun, steps: Iterable[StepExecution], now: datetime, *, firing_alert: bool | None = None
+    ) -> Situation:
         try:
             workflow = get_workflow(run.workflow_name)
         except LookupError:
@@ -51,6 +54,7 @@ class Situation:
             now=now,
             workflow=workflow,
             live=_live_lease(run, now),
+            firing_alert=firing_alert,
         )
 
     def state_of(self, step: StepExecution) -> str:
@@ -285,6 +289,14 @@ def _override(s: Situation, step_name: str | None, actor) -> str:
     return ""
 
 
+def _snooze(s: Situation, step_name: str | None, actor) -> str:
+    if s.firing_alert is None:
+        s.firing_alert = Alert.objects.filter(run=s.run, state=AlertState.FIRING).exists()
+    if not s.firing_alert:
+        return f"run {s.run.workflow_id} has no alert firing"
+    return ""
+
+
 _RULES: dict[str, Callable[[Situation, str | None, object], str | InvalidTransition]] = {
     "run_resume": _resume,
     "step_retry": _step_action("retry", frozenset({StepState.FAILED, StepState.UNKNOWN})),
@@ -295,6 +307,7 @@ _RULES: dict[str, Callable[[Situation, str | None, object], str | InvalidTransit
     "run_compensate": _compensate,
     "decision_supersede": _decision,
     "step_override": _override,
+    "alert_snooze": _snooze,
 }
 
 

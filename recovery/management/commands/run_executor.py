@@ -5,10 +5,11 @@ from django.core.management.base import CommandError
 from recovery.engine import failpoints
 from recovery.engine.executor import run_forever
 from recovery.management.base import RecoveryCommand
+from recovery.observability import alerts
 
 
 class Command(RecoveryCommand):
-    help = "Run the embedded executor: advance due runs in-process (no broker)."
+    help = "Run the embedded executor: advance due runs in-process (no broker), and sweep the alerts on stuck runs."
 
     def add_arguments(self, parser):
         parser.add_argument("--until-idle", action="store_true", help="return once nothing is due now")
@@ -19,5 +20,5 @@ class Command(RecoveryCommand):
             failpoints.parse(os.environ.get("RECOVERY_FAILPOINTS", ""))
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        advanced = run_forever(until_idle=until_idle, poll_seconds=poll)
+        advanced = run_forever(until_idle=until_idle, poll_seconds=poll, on_beat=alerts.sweep)
         self.stdout.write(f"advanced {advanced} run(s); nothing is due now")

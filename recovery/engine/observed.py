@@ -1,0 +1,53 @@
+"""What every transition reports once it has committed: its counters (recovery.engine.metrics)
+and one log record on ``recovery.transitions``, with the run, step, attempt and actor as fields
+(recovery.logs). The executor's routine transitions (a claim, an attempt begun or succeeded, a
+run completed) are logged at DEBUG; everything an operator may want to read — a failure, an
+unknown outcome, a reconcile, a takeover, a refusal, a review, every person's action — at INFO."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+from django.db import transaction
+
+from recovery.engine import metrics
+
+log = logging.getLogger("recovery.transitions")
+
+ROUTINE = frozenset(
+    {"claim", "step_begin", "step_succeed", "step_enqueue", "decision_reused", "complete", "wait", "release"}
+)
+
+
+def transition(
+    *,
+    workflow_id: str,
+    workflow: str,
+    action: str,
+    step: str,
+    after: Mapping[str, Any],
+    lease_generation: int,
+    actor: str,
+) -> None:
+    """A transition wrote its audit event ``action``: count and log it once it commits."""
+    metrics.transition(workflow, action, step, after)
+    level = logging.DEBUG if action in ROUTINE and actor == "executor" else logging.INFO
+    if not log.isEnabledFor(level):
+        return
+    fields = {
+        "workflow_id": workflow_id,
+        "workflow": workflow,
+        "action": action,
+        "lease_generation": lease_generation,
+        "actor": actor,
+    }
+    if step:
+        fields["step"] = step
+    if "attempts" in after:
+        fields["attempt"] = after["attempts"]
+    state = after.get("step") or after.get("run") or ""
+    message = f"{action} {workflow_id}{f' {step}' if step else ''}{f': {state}' if state else ''}"
+    transaction.on_commit(partial(log.log, level, message, extra=fields))

@@ -1,0 +1,167 @@
+"""Alerts on stuck runs: raised once per run, cause and episode, audited on the run, delivered
+through each configured channel with retries, resolved when the run moves on, snoozed by a
+supervisor with a reason. None of these changes a run or a step: they write an alert's rows and
+the run's audit trail (recovery.observability.alerts decides when; these record it)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+
+from recovery import clock
+from recovery.engine import metrics
+from recovery.errors import InvalidTransition
+from recovery.models import Alert, AlertDelivery, AlertState, DeliveryState, WorkflowRun
+from recovery.redaction import redact_text
+
+from . import offers
+from ._core import _audit, _locked_run_by_id, require_reason
+
+ALERTS = "alerts"  # the actor of the alerts' own audit events
+DELIVERY_ATTEMPTS = 8  # then the delivery is given up (failed): 1, 2, 4 … 64 s apart, about two minutes
+CLAIM_SECONDS = 60.0  # a delivery being sent is not picked up again for this long (a sender that died)
+SNOOZE = timedelta(hours=24)
+
+
+def alert_raise(
+    *, run_pk: int, cause: str, revision: int, why: str, channels: list[str], now: datetime | None = None
+) -> Alert | None:
+    """Raise the alert of a run stuck for ``cause`` since its revision ``revision``, with one
+    delivery per channel. None when it is already raised for that episode, or the run changed
+    since the sweep looked at it (the next sweep decides again)."""
+    now = now or clock.now()
+    try:
+        with transaction.atomic():
+            run = WorkflowRun.objects.select_for_update().get(pk=run_pk)
+            if run.revision != revision:
+                return None
+            alert = Alert.objects.create(
+                run=run,
+                cause=cause,
+                revision=revision,
+                why=redact_text(why)[:2000],
+                stuck_since=run.updated_at,
+                raised_at=now,
+            )
+            AlertDelivery.objects.bulk_create(
+                [AlertDelivery(alert=alert, channel=channel, next_attempt_at=now) for channel in channels]
+            )
+            state = {"run": run.state, "alert": cause}
+            _audit(
+                run,
+                "alert_raised",
+                actor=ALERTS,
+                reason=f"stuck since {run.updated_at:%Y-%m-%d %H:%M:%S} UTC ({cause}): {alert.why}"[:2000],
+                before=state,
+                after={**state, "channels": channels},
+                now=now,
+            )
+            return alert
+    except IntegrityError:  # another sweeper raised it first
+        return None
+
+
+def alert_resolve(*, alert_pk: int, why: str, now: datetime | None = None) -> Alert | None:
+    """The run is no longer stuck for the alert's cause (or it changed): the alert is resolved
+    and whatever was not sent yet never is."""
+    now = now or clock.now()
+    with transaction.atomic():
+        alert = Alert.objects.select_for_update().select_related("run").filter(pk=alert_pk).first()
+        if alert is None or alert.state == AlertState.RESOLVED:
+            return None
+        before = {"run": alert.run.state, "alert": alert.cause, "alert_state": alert.state}
+        alert.state, alert.resolved_at = AlertState.RESOLVED, now
+        alert.save(update_fields=["state", "resolved_at"])
+        alert.deliveries.filter(state=DeliveryState.PENDING).update(state=DeliveryState.CANCELLED)
+        after = {**before, "alert_state": alert.state}
+        _audit(alert.run, "alert_resolved", actor=ALERTS, reason=why, before=before, after=after, now=now)
+        return alert
+
+
+def alert_snooze(
+    *,
+    workflow_id: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+    hours: float | None = None,
+) -> WorkflowRun:
+    """A supervisor silences the run's firing alerts, with a reason, for ``hours`` (24): what
+    was not sent yet is not sent, and no new alert is raised for the run meanwhile."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    until = now + (timedelta(hours=hours) if hours is not None else SNOOZE)
+    if until <= now:
+        raise InvalidTransition("a snooze must last some time")
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        offers.require("snooze_alert", run, now, actor=actor)
+        firing = list(Alert.objects.select_for_update().filter(run=run, state=AlertState.FIRING))
+        who = actor.get_username() if actor is not None else ALERTS
+        for alert in firing:
+            alert.state, alert.snoozed_until, alert.snoozed_by = AlertState.SNOOZED, until, who
+            alert.snooze_reason = redact_text(reason)
+            alert.save(update_fields=["state", "snoozed_until", "snoozed_by", "snooze_reason"])
+        AlertDelivery.objects.filter(alert__in=firing, state=DeliveryState.PENDING).update(
+            state=DeliveryState.CANCELLED
+        )
+        causes = sorted(a.cause for a in firing)
+        before = {"run": run.state, "alerts": causes, "alert_state": AlertState.FIRING}
+        after = {**before, "alert_state": AlertState.SNOOZED, "until": until.isoformat()}
+        _audit(run, "alert_snoozed", actor=actor, reason=reason, before=before, after=after, now=now)
+        return run
+
+
+def alert_deliveries_claim(*, limit: int, now: datetime | None = None) -> list[AlertDelivery]:
+    """Take up to ``limit`` deliveries that are due, each for CLAIM_SECONDS (another sweeper
+    skips them meanwhile; if this one dies, they are due again after it), and count the attempt."""
+    now = now or clock.now()
+    with transaction.atomic():
+        due = list(
+            AlertDelivery.objects.select_for_update(skip_locked=True)
+            .select_related("alert__run")
+            .filter(state=DeliveryState.PENDING, next_attempt_at__lte=now)
+            .order_by("next_attempt_at", "pk")[:limit]
+        )
+        for delivery in due:
+            delivery.attempts += 1
+            delivery.next_attempt_at = now + timedelta(seconds=CLAIM_SECONDS)
+            delivery.save(update_fields=["attempts", "next_attempt_at"])
+    return due
+
+
+def alert_delivered(*, delivery_pk: int, now: datetime | None = None) -> None:
+    now = now or clock.now()
+    with transaction.atomic():
+        delivery = AlertDelivery.objects.select_for_update().select_related("alert__run").get(pk=delivery_pk)
+        if delivery.state != DeliveryState.PENDING:
+            return
+        delivery.state, delivery.sent_at, delivery.next_attempt_at = DeliveryState.SENT, now, None
+        delivery.save(update_fields=["state", "sent_at", "next_attempt_at"])
+        alert = delivery.alert
+        state = {"run": alert.run.state, "alert": alert.cause, "channel": delivery.channel}
+        reason = f"sent by {delivery.channel} (attempt {delivery.attempts})"
+        _audit(alert.run, "alert_sent", actor=ALERTS, reason=reason, before=state, after=state, now=now)
+        metrics.alert_sent(delivery.channel)
+
+
+def alert_delivery_failed(*, delivery_pk: int, error: str, now: datetime | None = None) -> None:
+    """An attempt failed: tried again with backoff, or given up after DELIVERY_ATTEMPTS (audited)."""
+    now = now or clock.now()
+    with transaction.atomic():
+        delivery = AlertDelivery.objects.select_for_update().select_related("alert__run").get(pk=delivery_pk)
+        if delivery.state != DeliveryState.PENDING:
+            return
+        delivery.last_error = redact_text(error)[:2000]
+        if delivery.attempts >= DELIVERY_ATTEMPTS:
+            delivery.state, delivery.next_attempt_at = DeliveryState.FAILED, None
+            alert = delivery.alert
+            state = {"run": alert.run.state, "alert": alert.cause, "channel": delivery.channel}
+            reason = f"not sent by {delivery.channel} after {delivery.attempts} attempts: {delivery.last_error}"
+            _audit(alert.run, "alert_failed", actor=ALERTS, reason=reason[:2000], before=state, after=state, now=now)
+        else:
+            delivery.next_attempt_at = now + timedelta(seconds=2.0 ** (delivery.attempts - 1))
+        delivery.save(update_fields=["state", "last_error", "next_attempt_at"])

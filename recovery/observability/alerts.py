@@ -1,0 +1,178 @@
+"""Alerts on stuck runs: which runs are overdue, and sending what was raised.
+
+A workflow says when a stuck run is overdue (``Workflow(stuck_after=…)``, per cause or for any).
+Every sweep — Celery beat's ``sweep`` task, or the embedded executor's loop (``run_executor``) —
+raises an alert for each run stuck for a cause longer than that since its last change, once per
+run, cause and episode (a change of the run ends the episode); resolves the alerts whose run is no
+longer stuck for their cause; and sends what is due through the configured channels:
+
+- ``RECOVERY_ALERT_WEBHOOK_URL``: a POST of JSON (the run, the cause, the "why is this run not
+  moving" sentence, the console's link), signed with HMAC-SHA256 of ``timestamp.body`` under
+  ``RECOVERY_ALERT_WEBHOOK_SECRET`` (``X-Recovery-Signature: sha256=…``, ``X-Recovery-Timestamp``),
+  with ``X-Recovery-Delivery`` for the receiver to drop a repeat: a delivery whose sender died
+  mid-send is sent again;
+- ``RECOVERY_ALERT_EMAILS``: an e-mail through Django's e-mail backend.
+
+A failed attempt is retried with backoff (transitions.alerts.DELIVERY_ATTEMPTS). The raising,
+each sending, a give-up and the resolution are audited on the run (the transitions do that)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db.models import Exists, OuterRef
+
+from recovery import clock, counts
+from recovery import why as why_sentence
+from recovery.engine import transitions
+from recovery.models import Alert, AlertDelivery, AlertState, WorkflowRun
+from recovery.workflow import all_workflows
+
+LIMIT = 100  # alerts raised, resolved or sent per sweep: a backlog is worked off over several
+
+
+def channels() -> list[str]:
+    """The channels configured in settings, in the order they are tried."""
+    found = []
+    if settings.RECOVERY_ALERT_WEBHOOK_URL:
+        found.append("webhook")
+    if settings.RECOVERY_ALERT_EMAILS:
+        found.append("email")
+    return found
+
+
+def sweep(now: datetime | None = None) -> dict[str, int]:
+    """One round: raise what is overdue, resolve what moved on, send what is due."""
+    now = now or clock.now()
+    return {"raised": raise_overdue(now), "resolved": resolve_moved(now), "sent": send_due(now)}
+
+
+def raise_overdue(now: datetime) -> int:
+    raised = 0
+    causes = counts.stuck_causes(now)
+    configured = channels()
+    for workflow in all_workflows():
+        for cause, (_, condition) in causes.items():
+            after = workflow.overdue_after(cause)
+            if after is None or raised >= LIMIT:
+                continue
+            alerted = Alert.objects.filter(run=OuterRef("pk"), cause=cause, revision=OuterRef("revision"))
+            snoozed = Alert.objects.filter(run=OuterRef("pk"), snoozed_until__gt=now)
+            overdue = list(
+                WorkflowRun.objects.filter(condition, workflow_name=workflow.name, updated_at__lte=now - after)
+                .filter(~Exists(alerted), ~Exists(snoozed))
+                .order_by("pk")[: LIMIT - raised]
+            )
+            why_sentence.for_page(overdue, now=now)
+            for run in overdue:
+                alert = transitions.alert_raise(
+                    run_pk=run.pk, cause=cause, revision=run.revision, why=run.why, channels=configured, now=now
+                )
+                raised += alert is not None
+    return raised
+
+
+def resolve_moved(now: datetime) -> int:
+    """Resolve every open alert whose run changed since it was raised, or is no longer stuck for
+    its cause (one query per cause with open alerts)."""
+    open_alerts: dict[str, list[Alert]] = defaultdict(list)
+    for alert in Alert.objects.filter(state__in=[AlertState.FIRING, AlertState.SNOOZED]).select_related("run"):
+        open_alerts[alert.cause].append(alert)
+    causes = counts.stuck_causes(now)
+    resolved = 0
+    for cause, alerts in open_alerts.items():
+        condition = causes[cause][1] if cause in causes else None
+        run_pks = [a.run_id for a in alerts]
+        still = (
+            set(WorkflowRun.objects.filter(condition, pk__in=run_pks).values_list("pk", flat=True))
+            if condition
+            else set()
+        )
+        for alert in alerts:
+            if resolved >= LIMIT:
+                return resolved
+            if alert.run.revision != alert.revision:
+                why = f"the run changed (it is now {alert.run.state})"
+            elif alert.run_id not in still:
+                label = counts.STUCK_LABELS.get(cause, cause).lower()
+                why = f"no longer stuck ({label}): the run is {alert.run.state}"
+            else:
+                continue
+            resolved += transitions.alert_resolve(alert_pk=alert.pk, why=why, now=now) is not None
+    return resolved
+
+
+def send_due(now: datetime) -> int:
+    sent = 0
+    for delivery in transitions.alert_deliveries_claim(limit=LIMIT, now=now):
+        try:
+            SENDERS[delivery.channel](delivery, payload(delivery))
+        except Exception as exc:  # noqa: BLE001 - any failure of a channel is retried, never fatal to the sweep
+            transitions.alert_delivery_failed(delivery_pk=delivery.pk, error=f"{type(exc).__name__}: {exc}")
+            continue
+        transitions.alert_delivered(delivery_pk=delivery.pk)
+        sent += 1
+    return sent
+
+
+def payload(delivery: AlertDelivery) -> dict[str, Any]:
+    """What a channel says about an alert."""
+    alert, run = delivery.alert, delivery.alert.run
+    return {
+        "alert": alert.pk,
+        "delivery": delivery.pk,
+        "workflow_id": run.workflow_id,
+        "workflow": run.workflow_name,
+        "run_state": run.state,
+        "cause": alert.cause,
+        "cause_label": counts.STUCK_LABELS.get(alert.cause, alert.cause),
+        "why": alert.why,
+        "stuck_since": alert.stuck_since.isoformat(),
+        "raised_at": alert.raised_at.isoformat(),
+        "url": f"{settings.RECOVERY_CONSOLE_URL}/runs/{quote(run.workflow_id, safe='')}",
+    }
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """``sha256=`` and the HMAC-SHA256, under ``secret``, of ``timestamp.body``: what a receiver
+    computes again to trust a webhook (and checks the timestamp is recent, against a replay)."""
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+def _webhook(delivery: AlertDelivery, data: dict[str, Any]) -> None:
+    body = json.dumps(data, sort_keys=True).encode()
+    timestamp = str(int(clock.now().timestamp()))
+    headers = {
+        "Content-Type": "application/json",
+        "X-Recovery-Delivery": str(delivery.pk),
+        "X-Recovery-Timestamp": timestamp,
+        "X-Recovery-Signature": signature(settings.RECOVERY_ALERT_WEBHOOK_SECRET, timestamp, body),
+    }
+    response = httpx.post(
+        settings.RECOVERY_ALERT_WEBHOOK_URL, content=body, headers=headers, timeout=settings.RECOVERY_HTTP_TIMEOUT
+    )
+    if not response.is_success:
+        raise RuntimeError(f"the webhook answered {response.status_code}")
+
+
+def _email(delivery: AlertDelivery, data: dict[str, Any]) -> None:
+    subject = f"[Recovery Console] {data['workflow_id']}: {data['cause_label'].lower()}"
+    body = (
+        f"Run {data['workflow_id']} ({data['workflow']}, {data['run_state']}) has been stuck since "
+        f"{data['stuck_since']}: {data['cause_label'].lower()}.\n\nWhy it is not moving: {data['why']}\n\n"
+        f"Open it: {data['url']}\n"
+    )
+    send_mail(subject, body, None, settings.RECOVERY_ALERT_EMAILS)
+
+
+SENDERS = {"webhook": _webhook, "email": _email}
