@@ -211,6 +211,10 @@ MAILERS = {
 }
 DEFAULT_FROM_EMAIL = env("DJANGO_DEFAULT_FROM_EMAIL", "recovery-console@localhost")
 
+# Traces (OpenTelemetry; pip install -e '.[otel]'): off unless RECOVERY_TRACING=1.
+RECOVERY_TRACING = env_bool("RECOVERY_TRACING", False)
+RECOVERY_TRACING_SERVICE = env("OTEL_SERVICE_NAME", "recovery-console")
+
 # --- Simulated external systems and the adapters that call them -----------------------
 SANDBOX_URL = env("SANDBOX_URL", f"http://127.0.0.1:{env('PORT', '8000')}").rstrip("/")
 # Seconds an adapter waits for a response once its request is sent; past it, the outcome is unknown.

@@ -14,6 +14,7 @@ class RecoveryConfig(AppConfig):
         from recovery import (
             checks,  # noqa: F401  (registers the system checks)
             tasks,
+            tracing,
         )
         from recovery.engine import dispatch
         from recovery.engine.audit.chain import register_sqlite_functions
@@ -21,6 +22,8 @@ class RecoveryConfig(AppConfig):
 
         connection_created.connect(register_sqlite_functions, dispatch_uid="recovery_audit_hash")
         install_log_redaction()
+        tracing.configure()  # both do nothing unless RECOVERY_TRACING=1 and OpenTelemetry is installed
+        tracing.instrument()
         # With RECOVERY_EXECUTOR=celery, a committed change queues its task (looked up at each
         # call, so a test may replace a task's delay).
         dispatch.install(run=lambda pk: tasks.advance_run.delay(pk), message=lambda pk: tasks.publish_outbox.delay(pk))

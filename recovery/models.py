@@ -63,6 +63,9 @@ class WorkflowRun(models.Model):
     # that drives runs itself (the demo's seed) keeps the running executors off them.
     # Nullable: SQLite adds the columns in place (see effects_stand).
     reserved_for = models.CharField(max_length=200, null=True, blank=True)
+    # The W3C traceparent of the span its start was part of (recovery.tracing): every advance of the
+    # run continues that trace. Empty (null) when tracing is off.
+    traceparent = models.CharField(max_length=55, null=True, blank=True)
     reserved_until = models.DateTimeField(null=True, blank=True)
     # Bumped by every transition that saves the run, which every change of one of its steps
     # does too: while it is what an executor last wrote, the executor's copy of the run and

@@ -18,7 +18,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from recovery import clock, logs
+from recovery import clock, logs, tracing
 from recovery.engine import failpoints, guards, metrics, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke, validate_decision
 from recovery.engine.publisher import publish_due
@@ -112,7 +112,8 @@ def _advance_claimed(lease: Lease) -> str | None:
     bound = logs.bound(
         workflow_id=run.workflow_id, workflow=run.workflow_name, lease_generation=lease.generation, actor=EXECUTOR
     )
-    with bound:
+    attributes = {"workflow.id": run.workflow_id, "workflow.name": run.workflow_name}
+    with bound, tracing.span("advance run", parent=run.traceparent or "", attributes=attributes):
         return _advance_bound(lease)
 
 
@@ -175,7 +176,16 @@ def _step_once(lease: Lease, plan: _Plan) -> bool:
     step = plan.next_step()
     if step is None:
         return _finish(lease, plan)
-    with logs.bound(step=step.step_name, attempt=step.attempts, key=logs.key_prefix(step.idempotency_key)):
+    attributes = {
+        "workflow.id": plan.run.workflow_id,
+        "workflow.name": plan.run.workflow_name,
+        "workflow.step.name": step.step_name,
+        "workflow.step.attempt": step.attempts,
+    }
+    with (
+        logs.bound(step=step.step_name, attempt=step.attempts, key=logs.key_prefix(step.idempotency_key)),
+        tracing.span(f"step {step.step_name}", attributes=attributes),
+    ):
         return _step(lease, plan, step)
 
 

@@ -13,9 +13,25 @@ from typing import Any
 
 from django.db import transaction
 
+from recovery import tracing
 from recovery.engine import metrics
 
 log = logging.getLogger("recovery.transitions")
+
+# What a step's attempt came to, by the transition that recorded it (a trace's outcome).
+OUTCOMES = {
+    "step_succeed": "succeeded",
+    "step_fail": "failed",
+    "step_unknown": "unknown",
+    "reconciled": "happened",
+    "reconciled_absent": "absent",
+    "reconcile_wait": "wait",
+    "reconcile_deferred": "failed",
+    "policy_refused": "refused",
+    "outbox_delivered": "succeeded",
+    "outbox_retry": "failed",
+    "outbox_fail": "failed",
+}
 
 ROUTINE = frozenset(
     {"claim", "step_begin", "step_succeed", "step_enqueue", "decision_reused", "complete", "wait", "release"}
@@ -34,6 +50,9 @@ def transition(
 ) -> None:
     """A transition wrote its audit event ``action``: count and log it once it commits."""
     metrics.transition(workflow, action, step, after)
+    if action in OUTCOMES:  # the step attempt's span, when tracing is on
+        kind = after.get("error_kind") if OUTCOMES[action] != "succeeded" else None
+        tracing.annotate({"workflow.step.outcome": OUTCOMES[action], "error.type": kind})
     level = logging.DEBUG if action in ROUTINE and actor == "executor" else logging.INFO
     if not log.isEnabledFor(level):
         return

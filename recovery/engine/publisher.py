@@ -10,7 +10,7 @@ from datetime import datetime
 
 from django.db import InterfaceError, OperationalError
 
-from recovery import clock, logs
+from recovery import clock, logs, tracing
 from recovery.engine import failpoints, metrics, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke
 from recovery.errors import LeaseLost
@@ -46,7 +46,13 @@ def _deliver(claim: transitions.OutboxClaim) -> None:
         key=logs.key_prefix(message.idempotency_key),
         actor=transitions.EXECUTOR,
     )
-    with bound:
+    attributes = {
+        "workflow.id": run.workflow_id,
+        "workflow.name": run.workflow_name,
+        "workflow.step.name": message.step_name,
+        "workflow.step.attempt": message.attempts,
+    }
+    with bound, tracing.span(f"deliver {message.step_name}", parent=run.traceparent or "", attributes=attributes):
         _deliver_bound(claim, message, run)
 
 

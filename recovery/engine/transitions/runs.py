@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
-from recovery import clock
+from recovery import clock, tracing
 from recovery.engine import dispatch
 from recovery.errors import StartConflict
 from recovery.models import RunState, StepExecution, WorkflowRun
@@ -72,6 +72,7 @@ def run_start(
                 input_hash=input_hash,
                 created_at=now,
                 updated_at=now,
+                traceparent=tracing.traceparent() or None,
                 reserved_for=reserve[0] if reserve else None,
                 reserved_until=reserve[1] if reserve else None,
             )
