@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections import defaultdict
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -29,7 +28,7 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, F, OuterRef
 
 from recovery import clock, counts
 from recovery import why as why_sentence
@@ -82,33 +81,30 @@ def raise_overdue(now: datetime) -> int:
 
 
 def resolve_moved(now: datetime) -> int:
-    """Resolve every open alert whose run changed since it was raised, or is no longer stuck for
-    its cause (one query per cause with open alerts)."""
-    open_alerts: dict[str, list[Alert]] = defaultdict(list)
-    for alert in Alert.objects.filter(state__in=[AlertState.FIRING, AlertState.SNOOZED]).select_related("run"):
-        open_alerts[alert.cause].append(alert)
+    """Resolve the open alerts whose run changed since they were raised, or is no longer stuck
+    for their cause: found in SQL (one query for the changed, one per cause), never by reading
+    every open alert."""
     causes = counts.stuck_causes(now)
-    resolved = 0
-    for cause, alerts in open_alerts.items():
-        condition = causes[cause][1] if cause in causes else None
-        run_pks = [a.run_id for a in alerts]
-        still = (
-            set(WorkflowRun.objects.filter(condition, pk__in=run_pks).values_list("pk", flat=True))
-            if condition
-            else set()
-        )
-        for alert in alerts:
-            if resolved >= LIMIT:
-                return resolved
-            if alert.run.revision != alert.revision:
-                why = f"the run changed (it is now {alert.run.state})"
-            elif alert.run_id not in still:
-                label = counts.STUCK_LABELS.get(cause, cause).lower()
-                why = f"no longer stuck ({label}): the run is {alert.run.state}"
-            else:
-                continue
-            resolved += transitions.alert_resolve(alert_pk=alert.pk, why=why, now=now) is not None
-    return resolved
+    open_alerts = Alert.objects.filter(state__in=[AlertState.FIRING, AlertState.SNOOZED]).select_related("run")
+    found = [
+        (alert, f"the run changed (it is now {alert.run.state})")
+        for alert in open_alerts.exclude(run__revision=F("revision")).order_by("pk")[:LIMIT]
+    ]
+    found += [
+        (alert, f"{alert.cause} is no longer a stuck cause")
+        for alert in open_alerts.exclude(cause__in=list(causes)).order_by("pk")[: LIMIT - len(found)]
+    ]
+    for cause, (label, condition) in causes.items():
+        if len(found) >= LIMIT:
+            break
+        # NOT IN: the cause's few runs are read once (hashed), not once per alert as EXISTS did.
+        still = WorkflowRun.objects.filter(condition).values("pk")
+        moved_on = open_alerts.filter(cause=cause, run__revision=F("revision")).exclude(run_id__in=still)
+        found += [
+            (alert, f"no longer stuck ({label.lower()}): the run is {alert.run.state}")
+            for alert in moved_on.order_by("pk")[: LIMIT - len(found)]
+        ]
+    return sum(transitions.alert_resolve(alert_pk=alert.pk, why=why, now=now) is not None for alert, why in found)
 
 
 def send_due(now: datetime) -> int:
