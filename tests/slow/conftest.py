@@ -112,3 +112,13 @@ def redis_url(tmp_path):
     yield url
     server.terminate()
     server.wait(10)
+
+
+def wait_for(predicate, timeout: float = 45.0) -> bool:
+    """Poll ``predicate`` until it holds: a hang guard (``timeout``), not a timing assumption."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False

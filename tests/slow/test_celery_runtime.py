@@ -5,27 +5,18 @@ lost is picked up by the sweeper."""
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from recovery.models import RunState, WorkflowRun
+from tests.slow.conftest import wait_for
 from tests.support import receivers
 from tests.support.engine import subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate, timeout: float = 45.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_celery_worker_advances_enqueued_runs_and_the_sweeper_finds_lost_ones(redis_url, tmp_path):

@@ -16,7 +16,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -29,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from recovery import clock
 from recovery.models import RunState, StepState, WorkflowRun
 from sandbox import faults
-from tests.slow.conftest import manage
+from tests.slow.conftest import manage, wait_for
 from tests.support.engine import free_port, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])]
@@ -63,7 +62,7 @@ def gunicorn(tmp_path, metrics_env):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        assert _wait(lambda: _answers(f"{url}/healthz")), (tmp_path / "gunicorn.log").read_text()[-3000:]
+        assert wait_for(lambda: _answers(f"{url}/healthz"), HANG_GUARD), (tmp_path / "gunicorn.log").read_text()[-3000:]
         yield url
     finally:
         server.terminate()
@@ -76,15 +75,6 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _wait(predicate, timeout: float = HANG_GUARD) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_a_scrape_adds_up_every_process_counters_exactly(tmp_path, metrics_env, gunicorn):
@@ -129,7 +119,7 @@ def test_a_scrape_adds_up_every_process_counters_exactly(tmp_path, metrics_env, 
         stderr=subprocess.STDOUT,
     )
     try:
-        done = _wait(lambda: WorkflowRun.objects.get(pk=run.pk).state == RunState.COMPLETED)
+        done = wait_for(lambda: WorkflowRun.objects.get(pk=run.pk).state == RunState.COMPLETED, HANG_GUARD)
     finally:
         worker.terminate()
         worker.wait(60)
