@@ -204,6 +204,7 @@ MAILERS = {
             "username": env("DJANGO_EMAIL_HOST_USER", ""),
             "password": RECOVERY_SMTP_PASSWORD,
             "use_tls": env_bool("DJANGO_EMAIL_USE_TLS", False),
+            "timeout": float(env("DJANGO_EMAIL_TIMEOUT", "10")),  # an alert's sweep never waits longer
         }
         if _mail_backend.endswith("smtp.EmailBackend")
         else {},

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -37,6 +38,7 @@ from recovery.models import Alert, AlertDelivery, AlertState, WorkflowRun
 from recovery.workflow import all_workflows
 
 LIMIT = 100  # alerts raised, resolved or sent per sweep: a backlog is worked off over several
+SEND_SECONDS = 5.0  # at most this long sending per sweep (a timeout counts whole)
 
 
 def channels() -> list[str]:
@@ -108,8 +110,16 @@ def resolve_moved(now: datetime) -> int:
 
 
 def send_due(now: datetime) -> int:
-    sent = 0
-    for delivery in transitions.alert_deliveries_claim(limit=LIMIT, now=now):
+    """Send what is due, one delivery at a time, for at most SEND_SECONDS of this sweep: a receiver
+    that hangs until its timeout delays the sweep (and the embedded executor's loop) by that
+    much, not by one timeout per alert; what is left is sent by the next sweep."""
+    sent = attempted = 0
+    started = time.monotonic()
+    while attempted < LIMIT and time.monotonic() - started < SEND_SECONDS:
+        claimed = transitions.alert_deliveries_claim(limit=1, now=now)
+        if not claimed:
+            break
+        delivery, attempted = claimed[0], attempted + 1
         try:
             SENDERS[delivery.channel](delivery, payload(delivery))
         except Exception as exc:  # noqa: BLE001 - any failure of a channel is retried, never fatal to the sweep

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,12 +36,14 @@ class Receiver:
     def __init__(self) -> None:
         self.requests: list[dict] = []
         self.answers: deque[int] = deque()
+        self.hang = 0.0  # seconds each answer is held (past the sender's timeout: it gives up)
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.requests.append({"headers": dict(self.headers), "body": body})
+                time.sleep(receiver.hang)
                 self.send_response(receiver.answers.popleft() if receiver.answers else 200)
                 self.end_headers()
 
@@ -234,3 +237,19 @@ def test_stuck_after_names_only_known_causes():
         Workflow("t_bad_alert", version=1, workflow_id=lambda i: "x", stuck_after={"stuck_forever": timedelta(1)})
     with pytest.raises(ValueError, match="positive"):
         Workflow("t_bad_alert2", version=1, workflow_id=lambda i: "x", stuck_after=timedelta(0))
+
+
+def test_a_hanging_receiver_holds_a_sweep_for_its_sending_budget_not_a_timeout_per_alert(
+    clock, receiver, settings, monkeypatch
+):
+    """Each call that hangs lasts at least the sender's timeout (RECOVERY_HTTP_TIMEOUT, 1 s in the
+    tests), so a budget of 1.5 s lets at most two calls start, however slow the machine."""
+    settings.RECOVERY_ALERT_EMAILS = []
+    receiver.hang = 3.0
+    for order_id in ("a", "b", "c", "d"):
+        in_review(clock, order_id)
+    clock.advance(11 * 60)
+    monkeypatch.setattr(alerts, "SEND_SECONDS", 1.5)
+    alerts.sweep()
+    attempts = sorted(AlertDelivery.objects.values_list("attempts", flat=True))
+    assert len(attempts) == 4 and 1 <= sum(attempts) <= 2 and attempts[:2] == [0, 0]
