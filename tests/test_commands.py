@@ -335,3 +335,31 @@ def test_recover_snooze_alert_is_a_supervisor_s_and_needs_a_firing_alert():
         "the ledger is down until 6",
     )
     assert AuditEvent.objects.get(action="alert_snoozed").actor == "sue"
+
+
+def test_start_workflow_reads_json_lines_in_batches_and_answers_line_by_line(tmp_path):
+    first = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    events = tmp_path / "events.jsonl"
+    events.write_text(
+        "\n".join(
+            [
+                json.dumps({"tenant": "t", "order_id": "n1"}),
+                json.dumps(EVENT),  # started before: its run
+                "",  # a blank line is skipped
+                "{not json",
+                json.dumps({**EVENT, "text": "travel 10"}),  # the same id, another input
+                json.dumps({"tenant": "t", "order_id": "n2"}),
+                json.dumps({"tenant": "t"}),
+            ]
+        )
+    )
+    out = StringIO()
+    with pytest.raises(CommandError, match="3 of 6 events refused"):
+        call_command("start_workflow", "test_orders", "--input-file", str(events), "--batch", "2", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "created order:t:n1" and lines[1] == f"existing {first}"
+    assert lines[2].startswith("invalid line 4: not valid JSON")
+    assert lines[3].startswith(f"conflict line 5: run {first} already exists with a different input")
+    assert lines[4] == "created order:t:n2" and lines[5].startswith("invalid line 7: order_id")
+    assert len(lines) == 6
+    assert set(WorkflowRun.objects.values_list("workflow_id", flat=True)) == {first, "order:t:n1", "order:t:n2"}

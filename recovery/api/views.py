@@ -8,6 +8,15 @@ its run, or finds the run that event already started.
     201 {"workflow_id": "invoice:acme:INV-1001", "state": "pending", "created": true}
     200 the same, "created": false — a redelivery of the same event (same run)
 
+A batch is a JSON array of up to MAX_BATCH events, started together
+(``transitions.run_start_many``) and answered one by one, in order:
+
+    207 {"results": [{"index": 0, "status": 201, "workflow_id": …, "state": "pending", "created": true},
+                     {"index": 1, "status": 409, "workflow_id": …, "error": "… a different input …"},
+                     {"index": 2, "status": 400, "error": "invoice_id: Field required"}]}
+
+each item with the status that event alone would have had; a refused event refuses nothing else.
+
 Senders deliver at least once; that is safe because the workflow id comes from the event.
 Errors are ``{"error": …}`` (plus ``"fields"`` for validation) and write nothing: 401 no or
 an unknown or revoked token, 404 unknown workflow, 403 a token for another workflow, 400 a
@@ -28,7 +37,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from recovery.api import tokens
-from recovery.engine.transitions import run_start
+from recovery.engine.transitions import run_start, run_start_many
 from recovery.errors import StartConflict
 from recovery.models import WorkflowRun
 from recovery.workflow import Workflow, get_workflow
@@ -38,6 +47,7 @@ log = logging.getLogger("recovery.api")
 MAX_BODY_BYTES = 256 * 1024
 RETRY_AFTER_SECONDS = 5  # what a 503 asks of the sender while the database is out of reach
 MAX_DEPTH = 32  # objects and arrays inside one another: an event, not a stress test for the encoders
+MAX_BATCH = 1000  # events in one request (an array): started together, answered one by one
 
 
 class ApiError(Exception):
@@ -71,7 +81,9 @@ def events(request: HttpRequest, workflow_name: str) -> JsonResponse:
         workflow = _workflow(workflow_name)
         if not tokens.may_start(token, workflow.name):
             raise ApiError(403, f"this token may not start {workflow.name!r} runs")
-        data = _json_object(request)
+        data = _json_body(request)
+        if isinstance(data, list):
+            return _start_many(workflow, data, actor=f"api:{token.name}")
         run, created = _start(workflow, data, actor=f"api:{token.name}")
     except ApiError as exc:
         return exc.response()
@@ -109,7 +121,7 @@ def _workflow(name: str) -> Workflow:
         raise ApiError(404, f"unknown workflow {name!r}") from None
 
 
-def _json_object(request: HttpRequest) -> dict[str, Any]:
+def _json_body(request: HttpRequest) -> dict[str, Any] | list[Any]:
     try:
         declared = int(request.headers.get("Content-Length") or 0)
     except ValueError:
@@ -122,8 +134,11 @@ def _json_object(request: HttpRequest) -> dict[str, Any]:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
     except RecursionError:
         raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the event must be a JSON object")
+    if isinstance(data, list):
+        if not 1 <= len(data) <= MAX_BATCH:
+            raise ApiError(400, f"a batch is an array of 1 to {MAX_BATCH} events; this one has {len(data)}")
+    elif not isinstance(data, dict):
+        raise ApiError(400, "the event must be a JSON object (or a batch: an array of them)")
     _check_storable(data)
     return data
 
@@ -180,6 +195,27 @@ def _start(workflow: Workflow, data: dict[str, Any], *, actor: str) -> tuple[Wor
     # a workflow without a schema: its workflow id needs a field; run_start refuses an id too long
     except (ValueError, KeyError, TypeError) as exc:
         raise ApiError(400, f"the event cannot start {workflow.name}: {exc}") from None
+
+
+# A batch's items: (HTTP status, "created" flag) by outcome.
+BATCH_STATUS = {"created": (201, True), "existing": (200, False), "conflict": (409, False), "invalid": (400, False)}
+
+
+def _start_many(workflow: Workflow, events: list[Any], *, actor: str) -> JsonResponse:
+    """A batch: 207 with one result per event, in order, each with the status the event alone
+    would have had; a refused event refuses nothing else."""
+    results = []
+    for started in run_start_many(workflow=workflow, events=events, actor=actor):
+        status, created = BATCH_STATUS[started.outcome]
+        item: dict[str, Any] = {"index": started.index, "status": status}
+        if started.run is not None:
+            item.update(workflow_id=started.run.workflow_id, state=started.run.state, created=created)
+        else:
+            item.update(error=started.error, **({"workflow_id": started.workflow_id} if started.workflow_id else {}))
+        results.append(item)
+    counts = {outcome: sum(1 for r in results if r["status"] == s) for outcome, (s, _) in BATCH_STATUS.items()}
+    log.info("batch of %d events for %s from %s: %s", len(events), workflow.name, actor, counts)
+    return JsonResponse({"results": results}, status=207)
 
 
 def _fields(exc: pydantic.ValidationError) -> dict[str, str]:

@@ -9,6 +9,7 @@ queued; the executor's own loop finds due work in the database.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -26,20 +27,26 @@ def install(*, run: Sender, message: Sender) -> None:
     _senders.update(run=run, message=message)
 
 
-def _on_commit(model: type[WorkflowRun] | type[OutboxMessage], kind: str, pk: int) -> None:
+def _on_commit(model: type[WorkflowRun] | type[OutboxMessage], kind: str, pks: list[int]) -> None:
     send = _senders.get(kind)
-    if settings.RECOVERY_EXECUTOR != "celery" or send is None:
+    if settings.RECOVERY_EXECUTOR != "celery" or send is None or not pks:
         return
-    # Stamped in the same transaction, so the sweeper does not queue a second task for it.
-    model.objects.filter(pk=pk).update(dispatched_at=clock.now())
+    # Stamped in the same transaction, so the sweeper does not queue a second task for them.
+    model.objects.filter(pk__in=pks).update(dispatched_at=clock.now())
     # robust: a broker that is down right now must not undo or misreport a committed change;
     # the sweeper finds it later.
-    transaction.on_commit(lambda: send(pk), robust=True)
+    for pk in pks:
+        transaction.on_commit(partial(send, pk), robust=True)
 
 
 def enqueue_run(run_pk: int) -> None:
-    _on_commit(WorkflowRun, "run", run_pk)
+    _on_commit(WorkflowRun, "run", [run_pk])
+
+
+def enqueue_runs(run_pks: list[int]) -> None:
+    """``enqueue_run`` for many runs (a batch start): one dispatch stamp for all, a task each."""
+    _on_commit(WorkflowRun, "run", run_pks)
 
 
 def enqueue_message(outbox_pk: int) -> None:
-    _on_commit(OutboxMessage, "message", outbox_pk)
+    _on_commit(OutboxMessage, "message", [outbox_pk])

@@ -138,16 +138,40 @@ def test_an_unknown_workflow_is_404(token):
         (b"\xff\xfe{}", "not valid JSON"),
         ('{"tenant": NaN}', "not valid JSON"),
         ("[" * 50_000 + "]" * 50_000, "not valid JSON"),
-        ("[1, 2]", "JSON object"),
         ('"an invoice"', "JSON object"),
         ("null", "JSON object"),
     ],
-    ids=["syntax", "empty", "not-utf", "nan", "too-deep", "array", "string", "null"],
+    ids=["syntax", "empty", "not-utf", "nan", "too-deep", "string", "null"],
 )
 def test_a_body_that_is_not_a_json_object_is_400_and_creates_nothing(token, body, message):
     response = post(body, token=token)
     assert response.status_code == 400
     assert message in response.json()["error"]
+    assert nothing_written()
+
+
+def test_a_batch_answers_each_event_as_it_alone_would_have_been_answered(token):
+    first = post(EVENT, token=token).json()["workflow_id"]
+    other = {**EVENT, "invoice_id": "INV-2002"}
+    response = post(
+        [other, EVENT, {**EVENT, "text": "something else, EUR 5.00"}, {"tenant": "acme"}, 42, other], token=token
+    )
+    assert response.status_code == 207
+    results = response.json()["results"]
+    assert [(r["index"], r["status"]) for r in results] == [(0, 201), (1, 200), (2, 409), (3, 400), (4, 400), (5, 200)]
+    assert results[0]["created"] is True and results[0]["state"] == "pending"
+    assert results[1] == {"index": 1, "status": 200, "workflow_id": first, "state": "pending", "created": False}
+    assert results[2]["workflow_id"] == first and "different input" in results[2]["error"]
+    assert "invoice_id" in results[3]["error"] and results[4]["error"] == "workflow input must be a JSON object"
+    assert results[5]["workflow_id"] == results[0]["workflow_id"]
+    assert WorkflowRun.objects.count() == 2
+    assert AuditEvent.objects.filter(action="start", actor="api:erp").count() == 2
+
+
+@pytest.mark.parametrize("body", [[], [EVENT] * 1001], ids=["empty", "over-1000"])
+def test_a_batch_of_no_event_or_of_too_many_is_400_and_creates_nothing(token, body):
+    response = post(body, token=token)
+    assert response.status_code == 400 and "a batch is an array of 1 to 1000 events" in response.json()["error"]
     assert nothing_written()
 
 

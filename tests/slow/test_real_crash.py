@@ -101,6 +101,9 @@ def test_worker_killed_at_a_failpoint_is_resumed_by_another_process_with_one_obj
         ["start_workflow", "test_orders"],  # --input missing
         ["start_workflow", "test_orders", "--input", "{oops"],
         ["start_workflow", "nope", "--input", "{}"],
+        ["start_workflow", "test_orders", "--input-file", "/nonexistent/events.jsonl"],
+        ["start_workflow", "test_orders", "--input-file", "-", "--batch", "0"],
+        ["start_workflow", "test_orders", "--input", "{}", "--input-file", "-"],
         ["show_run", "order:none:none", "--json"],
         ["recover", "explode", "order:x:y", "--reason", "r", "--as", "olga"],
         ["run_executor", "--until-idle"],  # with a malformed RECOVERY_FAILPOINTS, below

@@ -104,6 +104,15 @@ def _audit(
     _observed(run, action, step_name, after, who["actor"])
 
 
+def _audit_many(runs: list[WorkflowRun], action: str, *, actor: AbstractBaseUser | str | None, now: datetime) -> None:
+    """``_audit`` of the same action (from nothing to the run's state) on many new runs: one statement."""
+    who = _actor_fields(actor)
+    rows = [_audit_row(run, action, who, "", "", {}, _snap(run), now) for run in runs]
+    AuditEvent.objects.bulk_create([AuditEvent(**row) for row in rows])
+    for run in runs:
+        _observed(run, action, "", _snap(run), who["actor"])
+
+
 def _observed(run: WorkflowRun, action: str, step_name: str, after: dict, actor: str) -> None:
     """Counted and logged once the transition's transaction commits (recovery.engine.observed)."""
     observed.transition(

@@ -3,9 +3,12 @@ parking it for review."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import pydantic
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
@@ -20,6 +23,7 @@ from ._core import (
     Lease,
     _abandon_running_steps,
     _audit,
+    _audit_many,
     _check,
     _locked_run,
     _release_into,
@@ -48,6 +52,34 @@ def run_start(
     (``runs_release_reservation``); an existing run is returned as it is.
     """
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
+    event = _event(wf, data)
+    now = now or clock.now()
+    try:
+        with transaction.atomic():
+            run = _new_run(wf, event, now, reserve)
+            run.save(force_insert=True)
+            StepExecution.objects.bulk_create(_new_steps(wf, run, now))
+            _audit(run, "start", actor=actor, before={}, after=_snap(run), now=now)
+            if reserve is None:  # a reserved run is driven by the executor it is reserved for
+                dispatch.enqueue_run(run.pk)
+    except IntegrityError:
+        run = WorkflowRun.objects.get(workflow_id=event.workflow_id)
+        if run.input_hash != event.input_hash:
+            raise _conflict(event.workflow_id) from None
+        return run, False
+    return run, True
+
+
+@dataclass(frozen=True)
+class _Event:
+    """An event as it is persisted: validated, redacted, with its run's id and input hash."""
+
+    data: dict[str, Any]
+    workflow_id: str
+    input_hash: str
+
+
+def _event(wf: Workflow, data: Any) -> _Event:
     # What is persisted is what is replayed: the run's input is kept redacted, and its id and
     # hash are taken from that, so a secret is neither stored nor hashed.
     validated = wf.redact(wf.validate_input(data))
@@ -59,45 +91,126 @@ def run_start(
             f"the workflow id must be 1 to {limit} characters (the event's keys make it); this one has "
             f"{length:,} (at most {limit})"
         )
-    input_hash = payload_hash(validated)
+    return _Event(validated, workflow_id, payload_hash(validated))
+
+
+def _new_run(wf: Workflow, event: _Event, now: datetime, reserve: tuple[str, datetime] | None) -> WorkflowRun:
+    return WorkflowRun(
+        workflow_id=event.workflow_id,
+        workflow_name=wf.name,
+        workflow_version=wf.version,
+        state=RunState.PENDING,
+        input=event.data,
+        input_hash=event.input_hash,
+        created_at=now,
+        updated_at=now,
+        traceparent=tracing.traceparent() or None,
+        reserved_for=reserve[0] if reserve else None,
+        reserved_until=reserve[1] if reserve else None,
+    )
+
+
+def _new_steps(wf: Workflow, run: WorkflowRun, now: datetime) -> list[StepExecution]:
+    return [
+        StepExecution(
+            run=run,
+            step_name=spec.name,
+            position=spec.position,
+            key_version=spec.key_version,
+            idempotency_key=idempotency_key(run.workflow_id, spec.name, spec.key_version),
+            updated_at=now,
+        )
+        for spec in wf.steps
+    ]
+
+
+def _conflict(workflow_id: str) -> StartConflict:
+    return StartConflict(f"run {workflow_id} already exists with a different input; start a new business event instead")
+
+
+@dataclass
+class Started:
+    """What became of one event of a batch (``run_start_many``): ``created`` (a new run),
+    ``existing`` (the run this event already started), ``conflict`` (that run has another
+    input) or ``invalid`` (the event does not validate); ``error`` says why for the last two."""
+
+    index: int
+    outcome: str
+    run: WorkflowRun | None = None
+    workflow_id: str = ""
+    error: str = ""
+
+
+def run_start_many(
+    *,
+    workflow: Workflow | str,
+    events: Iterable[Any],
+    actor: AbstractBaseUser | str | None = None,
+    now: datetime | None = None,
+) -> list[Started]:
+    """``run_start`` for many events at once, in a constant number of statements: the existing
+    runs read in one, the new runs, their steps and their start events written in one each (and
+    under Celery their dispatch stamp in one more). Each event keeps ``run_start``'s guarantees:
+    a repeated event gives its run, the same workflow id with another input is a conflict for
+    that event alone, an event that does not validate is refused alone; nothing else is rolled
+    back. Results come in the events' order. If another process starts one of these runs in the
+    meantime, the batch is started again one event at a time (the unique workflow id decides)."""
+    wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
+    events = list(events)
     now = now or clock.now()
+    prepared: list[_Event | Started] = []
+    for index, data in enumerate(events):
+        try:
+            prepared.append(_event(wf, data))
+        except (ValueError, KeyError, TypeError) as exc:  # a ValidationError is a ValueError
+            prepared.append(Started(index, "invalid", error=_invalid(exc)))
+    first: dict[str, _Event] = {}  # workflow id -> the first event of this batch that makes it
+    for event in prepared:
+        if isinstance(event, _Event):
+            first.setdefault(event.workflow_id, event)
+    existing = {run.workflow_id: run for run in WorkflowRun.objects.filter(workflow_id__in=list(first))}
+    new = [_new_run(wf, event, now, None) for wid, event in first.items() if wid not in existing]
     try:
         with transaction.atomic():
-            run = WorkflowRun.objects.create(
-                workflow_id=workflow_id,
-                workflow_name=wf.name,
-                workflow_version=wf.version,
-                state=RunState.PENDING,
-                input=validated,
-                input_hash=input_hash,
-                created_at=now,
-                updated_at=now,
-                traceparent=tracing.traceparent() or None,
-                reserved_for=reserve[0] if reserve else None,
-                reserved_until=reserve[1] if reserve else None,
+            WorkflowRun.objects.bulk_create(new)
+            StepExecution.objects.bulk_create([step for run in new for step in _new_steps(wf, run, now)])
+            _audit_many(new, "start", actor=actor, now=now)
+            dispatch.enqueue_runs([run.pk for run in new])
+    except IntegrityError:  # started elsewhere meanwhile: each event decides alone, as run_start does
+        return [_one_at_a_time(wf, data, index, actor, now) for index, data in enumerate(events)]
+    runs = {**existing, **{run.workflow_id: run for run in new}}
+    results = []
+    for index, event in enumerate(prepared):
+        if isinstance(event, Started):
+            results.append(event)
+            continue
+        run = runs[event.workflow_id]
+        if run.input_hash != event.input_hash:
+            results.append(
+                Started(index, "conflict", workflow_id=run.workflow_id, error=str(_conflict(run.workflow_id)))
             )
-            StepExecution.objects.bulk_create(
-                StepExecution(
-                    run=run,
-                    step_name=spec.name,
-                    position=spec.position,
-                    key_version=spec.key_version,
-                    idempotency_key=idempotency_key(workflow_id, spec.name, spec.key_version),
-                    updated_at=now,
-                )
-                for spec in wf.steps
-            )
-            _audit(run, "start", actor=actor, before={}, after=_snap(run), now=now)
-            if reserve is None:  # a reserved run is driven by the executor it is reserved for
-                dispatch.enqueue_run(run.pk)
-    except IntegrityError:
-        run = WorkflowRun.objects.get(workflow_id=workflow_id)
-        if run.input_hash != input_hash:
-            raise StartConflict(
-                f"run {workflow_id} already exists with a different input; start a new business event instead"
-            ) from None
-        return run, False
-    return run, True
+        else:
+            created = event is first[event.workflow_id] and event.workflow_id not in existing
+            results.append(Started(index, "created" if created else "existing", run=run, workflow_id=run.workflow_id))
+    return results
+
+
+def _one_at_a_time(wf: Workflow, data: Any, index: int, actor, now: datetime) -> Started:
+    try:
+        run, created = run_start(workflow=wf, data=data, actor=actor, now=now)
+    except (ValueError, KeyError, TypeError) as exc:
+        return Started(index, "invalid", error=_invalid(exc))
+    except StartConflict as exc:
+        return Started(index, "conflict", workflow_id=_event(wf, data).workflow_id, error=str(exc))
+    return Started(index, "created" if created else "existing", run=run, workflow_id=run.workflow_id)
+
+
+def _invalid(exc: Exception) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'event'}: {e['msg']}" for e in exc.errors())
+    if isinstance(exc, KeyError):
+        return f"the event has no {exc}: its workflow id needs it"
+    return str(exc)
 
 
 def run_wait(*, lease: Lease, wake_at: datetime, reason: str, now: datetime | None = None) -> None:

@@ -1,27 +1,77 @@
 import json
+import sys
+from itertools import islice
 
 from django.core.management.base import CommandError
 
-from recovery.engine.transitions import run_start
+from recovery.engine.transitions import run_start, run_start_many
 from recovery.errors import StartConflict
 from recovery.management.base import RecoveryCommand
 from recovery.workflow import get_workflow
 
 
 class Command(RecoveryCommand):
-    help = "Start a workflow for a business event and print its workflow id (the same event gives the same id)."
+    help = (
+        "Start a workflow for a business event and print its workflow id (the same event gives the same id); "
+        "with --input-file, one event per line (JSON Lines), started in batches."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("name")
-        parser.add_argument("--input", required=True, help="the event as a JSON object")
+        source = parser.add_mutually_exclusive_group(required=True)
+        source.add_argument("--input", help="the event as a JSON object")
+        source.add_argument("--input-file", help="a JSON Lines file of events, one per line; - for stdin")
+        parser.add_argument("--batch", type=int, default=100, help="events started together (100; 1 to 1000)")
 
-    def handle(self, *args, name, input, **options):
+    def handle(self, *args, name, input, input_file, batch, **options):
         try:
             workflow = get_workflow(name)
-            data = json.loads(input)
-            run, _ = run_start(workflow=workflow, data=data)
+        except LookupError as exc:
+            raise CommandError(str(exc)) from None
+        if input_file is not None:
+            self._many(workflow, input_file, batch)
+            return
+        try:
+            run, _ = run_start(workflow=workflow, data=json.loads(input))
         except json.JSONDecodeError as exc:
             raise CommandError(f"--input is not valid JSON: {exc}") from None
-        except (LookupError, ValueError, KeyError, StartConflict) as exc:
+        except (ValueError, KeyError, StartConflict) as exc:
             raise CommandError(" ".join(str(exc).split())) from None
         self.stdout.write(run.workflow_id)
+
+    def _many(self, workflow, path: str, batch: int) -> None:
+        """One line out per line in: ``created|existing WORKFLOW_ID``, or ``conflict|invalid line N:
+        why``. Each event is decided alone; exit 1 (one line on stderr) if any was refused."""
+        if not 1 <= batch <= 1000:
+            raise CommandError(f"--batch must be from 1 to 1000, got {batch}")
+        try:
+            lines = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+        refused = total = 0
+        with lines:
+            numbered = ((n, line) for n, line in enumerate(lines, 1) if line.strip())
+            while chunk := list(islice(numbered, batch)):
+                events, unreadable = [], {}
+                for n, line in chunk:
+                    try:
+                        events.append(json.loads(line))
+                    except json.JSONDecodeError as exc:
+                        unreadable[n] = f"not valid JSON: {exc}"
+                        events.append(None)
+                results = run_start_many(workflow=workflow, events=[e for e in events if e is not None])
+                answers = iter(results)
+                for n, _ in chunk:
+                    total += 1
+                    if n in unreadable:
+                        refused += 1
+                        self.stdout.write(f"invalid line {n}: {unreadable[n]}")
+                        continue
+                    result = next(answers)
+                    if result.outcome in ("created", "existing"):
+                        self.stdout.write(f"{result.outcome} {result.workflow_id}")
+                    else:
+                        refused += 1
+                        self.stdout.write(f"{result.outcome} line {n}: {' '.join(result.error.split())}")
+        if refused:
+            raise CommandError(f"{refused} of {total} events refused (see the lines above); the others were started")
