@@ -167,3 +167,17 @@ def test_the_run_page_follows_the_run_without_a_reload_and_keeps_a_half_typed_re
     assert "has changed since the page was loaded" in page.locator("#actions-note").inner_text()
     page.wait_for_function("() => !document.querySelector('#run-poll[hx-trigger]')", timeout=30_000)
     shot(page, "run-live-completed")
+
+
+def test_the_dashboard_draws_its_bars_to_scale(page_as, clock, live_server):
+    for order_id in ("d1", "d2", "d3"):
+        drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": order_id})[0], clock)
+    failed_run(clock, "d4")
+    page = page_as("viewer")
+    page.goto(f"{live_server.url}/dashboard")
+    bars = page.locator('svg[aria-label="runs by state"] rect.bar')
+    widths = {bars.nth(i).get_attribute("width"): bars.nth(i).bounding_box()["width"] for i in range(bars.count())}
+    # Completed (3 runs) spans the chart's 300 units, Failed (1) a third of it: drawn, not squashed
+    # (a legend's CSS width once made every bar a 10 px square).
+    assert widths["300.0"] == pytest.approx(300, abs=2) and widths["100.0"] == pytest.approx(100, abs=2)
+    shot(page, "dashboard")
