@@ -417,9 +417,10 @@ class AlertState(models.TextChoices):
 
 class Alert(models.Model):
     """A run that stayed stuck for one cause longer than its workflow allows (``stuck_after``):
-    raised once per run, cause and episode (``revision``: the run's revision when it was raised;
-    a change of the run ends the episode), audited on the run, sent through every configured
-    channel (AlertDelivery), resolved when the run is no longer stuck for that cause."""
+    raised once per run and episode (``revision``: the run's revision when it was raised; a change
+    of the run ends the episode), for its most specific overdue cause, audited on the run, sent
+    through every configured channel (AlertDelivery), resolved when the run is no longer stuck
+    for that cause."""
 
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="alerts")
     cause = models.CharField(max_length=40)
@@ -434,7 +435,7 @@ class Alert(models.Model):
     snooze_reason = models.TextField(blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "cause", "revision"], name="one_alert_per_episode")]
+        constraints = [models.UniqueConstraint(fields=["run", "revision"], name="one_alert_per_run_episode")]
         indexes = [models.Index(fields=["state", "raised_at"], name="alert_state_idx")]
 
     def __str__(self) -> str:

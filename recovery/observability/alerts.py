@@ -3,8 +3,9 @@
 A workflow says when a stuck run is overdue (``Workflow(stuck_after=…)``, per cause or for any).
 Every sweep — Celery beat's ``sweep`` task, or the embedded executor's loop (``run_executor``) —
 raises an alert for each run stuck for a cause longer than that since its last change, once per
-run, cause and episode (a change of the run ends the episode); resolves the alerts whose run is no
-longer stuck for their cause; and sends what is due through the configured channels:
+run and episode (a change of the run ends the episode), for its most specific overdue cause;
+resolves the alerts whose run is no longer stuck for their cause; and sends what is due through
+the configured channels:
 
 - ``RECOVERY_ALERT_WEBHOOK_URL``: a POST of JSON (the run, the cause, the "why is this run not
   moving" sentence, the console's link), signed with HMAC-SHA256 of ``timestamp.body`` under
@@ -58,15 +59,18 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
 
 
 def raise_overdue(now: datetime) -> int:
+    """One alert per run and episode: for the first of its causes that is overdue, the specific
+    ones (an unknown outcome, retries exhausted, a refusal …) before "needs review", which most of
+    them also are — a run in review with its retries exhausted pages once, not twice."""
     raised = 0
-    causes = counts.stuck_causes(now)
+    causes = sorted(counts.stuck_causes(now).items(), key=lambda item: item[0] == "needs_review")
     configured = channels()
     for workflow in all_workflows():
-        for cause, (_, condition) in causes.items():
+        for cause, (_, condition) in causes:
             after = workflow.overdue_after(cause)
             if after is None or raised >= LIMIT:
                 continue
-            alerted = Alert.objects.filter(run=OuterRef("pk"), cause=cause, revision=OuterRef("revision"))
+            alerted = Alert.objects.filter(run=OuterRef("pk"), revision=OuterRef("revision"))
             snoozed = Alert.objects.filter(run=OuterRef("pk"), snoozed_until__gt=now)
             overdue = list(
                 WorkflowRun.objects.filter(condition, workflow_name=workflow.name, updated_at__lte=now - after)

@@ -253,3 +253,15 @@ def test_a_hanging_receiver_holds_a_sweep_for_its_sending_budget_not_a_timeout_p
     alerts.sweep()
     attempts = sorted(AlertDelivery.objects.values_list("attempts", flat=True))
     assert len(attempts) == 4 and 1 <= sum(attempts) <= 2 and attempts[:2] == [0, 0]
+
+
+def test_a_run_stuck_for_several_causes_pages_once_for_the_most_specific(clock, receiver):
+    """In review because its retries ran out: "retries exhausted", not a second alert for "needs review"."""
+    run = in_review(clock)
+    clock.advance(2 * 60 * 60)  # past both thresholds (needs review: 10 min; any other cause: 1 h)
+    for _ in range(3):
+        alerts.sweep()
+        clock.advance(60)
+    (alert,) = Alert.objects.all()
+    assert (alert.run_id, alert.cause) == (run.pk, "exhausted")
+    assert len(receiver.requests) == 1 and len(mail.outbox) == 1

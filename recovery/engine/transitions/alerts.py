@@ -1,4 +1,4 @@
-"""Alerts on stuck runs: raised once per run, cause and episode, audited on the run, delivered
+"""Alerts on stuck runs: raised once per run and episode, audited on the run, delivered
 through each configured channel with retries, resolved when the run moves on, snoozed by a
 supervisor with a reason. None of these changes a run or a step: they write an alert's rows and
 the run's audit trail (recovery.observability.alerts decides when; these record it)."""
