@@ -32,6 +32,7 @@ def ready(now: datetime | None = None) -> dict[str, Any]:
     checks = {"database": _database()}
     if checks["database"]["ok"]:
         checks["migrations"] = _migrations()
+    if checks.get("migrations", {}).get("ok"):  # before they are applied, the beat's table may not exist
         checks["sweeper"] = _sweeper(now)
     if settings.RECOVERY_EXECUTOR == "celery":
         checks["broker"] = _broker()

@@ -139,3 +139,17 @@ def test_the_embedded_executor_beats_while_it_sweeps(clock):
     run_forever(until_idle=True, owner="beater")
     beat = SweeperBeat.objects.get()
     assert (beat.name, beat.by, beat.at) == ("embedded executor", "beater", clock.now())
+
+
+def test_readyz_says_the_migrations_are_missing_before_it_looks_for_the_sweeper(clock, monkeypatch):
+    """A deployment not yet migrated: 503 with what to do, not a 500 from the beat's missing table."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    monkeypatch.setattr(health, "_migrated", False)
+    monkeypatch.setattr(MigrationExecutor, "migration_plan", lambda self, targets: [("recovery", "0025")])
+    response = Client().get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"] == {
+        "database": {"ok": True, "detail": "answers"},
+        "migrations": {"ok": False, "detail": "1 migration(s) not applied: run manage.py migrate"},
+    }
