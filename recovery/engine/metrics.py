@@ -14,7 +14,7 @@ and ``/metrics`` adds them up (recovery.observability). ``RECOVERY_METRICS=0`` r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -77,62 +77,55 @@ def _enabled() -> bool:
     return settings.RECOVERY_METRICS
 
 
-def _attempt(outcome: str, workflow: str, step: str, after: Mapping[str, Any]) -> None:
-    error_kind = after.get("error_kind", "") if outcome != "succeeded" else ""
-    STEP_ATTEMPTS.labels(workflow, step, outcome, error_kind).inc()
-    if outcome == "unknown":
-        UNKNOWN_OUTCOMES.labels(workflow, step).inc()
+def outcome(action: str, after: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What a transition's audit action (with the state it left, ``after``) says of a step's
+    call: ``("attempt", succeeded | failed | unknown)``, ``("reconcile", happened | absent |
+    wait | failed)``, ``("refusal", "refused")``; None for any other transition. An outbox
+    step's delivery is its call: a message found delivered by its look-up is a reconcile."""
+    match action:
+        case "step_succeed":
+            return "attempt", "succeeded"
+        case "step_fail":
+            return "attempt", "failed"
+        case "step_unknown":
+            return "attempt", "unknown"
+        case "outbox_retry" | "outbox_fail":  # a delivery attempt (or its look-up) failed, or its answer was lost
+            return "attempt", "unknown" if after.get("error_kind") == "unknown_outcome" else "failed"
+        case "outbox_delivered":
+            return ("attempt", "succeeded") if after.get("how") == "delivered" else ("reconcile", "happened")
+        case "reconciled":
+            return "reconcile", "happened"
+        case "reconciled_absent":
+            return "reconcile", "absent"
+        case "reconcile_wait" | "outbox_settle_wait":
+            return "reconcile", "wait"
+        case "reconcile_deferred":
+            return "reconcile", "failed"
+        case "policy_refused":
+            return "refusal", "refused"
+    return None
 
 
-def _reconciled(result: str, workflow: str, step: str, after: Mapping[str, Any]) -> None:
-    RECONCILES.labels(workflow, step, result).inc()
-
-
-def _taken_over(workflow: str, step: str, after: Mapping[str, Any]) -> None:
-    LEASE_TAKEOVERS.labels(workflow).inc()
-
-
-def _refused(workflow: str, step: str, after: Mapping[str, Any]) -> None:
-    POLICY_REFUSALS.labels(workflow, (after.get("refusal") or {}).get("rule", "")).inc()
-
-
-def _delivery_failed(workflow: str, step: str, after: Mapping[str, Any]) -> None:
-    """An outbox delivery attempt (or its look-up) failed, or its answer was lost."""
-    _attempt("unknown" if after.get("error_kind") == "unknown_outcome" else "failed", workflow, step, after)
-
-
-def _delivered(workflow: str, step: str, after: Mapping[str, Any]) -> None:
-    """An outbox message was delivered — or found delivered by its look-up after a lost answer."""
-    if after.get("how") == "delivered":
-        _attempt("succeeded", workflow, step, after)
+def _record(workflow: str, action: str, step: str, after: Mapping[str, Any], found: tuple[str, str] | None) -> None:
+    if action == "lease_takeover":
+        LEASE_TAKEOVERS.labels(workflow).inc()
+        return
+    kind, result = found
+    if kind == "attempt":
+        STEP_ATTEMPTS.labels(workflow, step, result, after.get("error_kind", "") if result != "succeeded" else "").inc()
+        if result == "unknown":
+            UNKNOWN_OUTCOMES.labels(workflow, step).inc()
+    elif kind == "reconcile":
+        RECONCILES.labels(workflow, step, result).inc()
     else:
-        _reconciled("happened", workflow, step, after)
-
-
-# The audit actions that move a counter, and how.
-_BY_ACTION: dict[str, Callable[[str, str, Mapping[str, Any]], None]] = {
-    "step_succeed": partial(_attempt, "succeeded"),
-    "step_fail": partial(_attempt, "failed"),
-    "step_unknown": partial(_attempt, "unknown"),
-    "reconciled": partial(_reconciled, "happened"),
-    "reconciled_absent": partial(_reconciled, "absent"),
-    "reconcile_wait": partial(_reconciled, "wait"),
-    "reconcile_deferred": partial(_reconciled, "failed"),
-    "lease_takeover": _taken_over,
-    "policy_refused": _refused,
-    # The publisher's: an outbox step's delivery is its call.
-    "outbox_delivered": _delivered,
-    "outbox_retry": _delivery_failed,
-    "outbox_fail": _delivery_failed,
-    "outbox_settle_wait": partial(_reconciled, "wait"),
-}
+        POLICY_REFUSALS.labels(workflow, (after.get("refusal") or {}).get("rule", "")).inc()
 
 
 def transition(workflow: str, action: str, step: str, after: Mapping[str, Any]) -> None:
     """A transition wrote its audit event ``action``: count it once its transaction commits."""
-    record = _BY_ACTION.get(action)
-    if record is not None and _enabled():
-        transaction.on_commit(partial(record, workflow, step, after))
+    found = outcome(action, after)
+    if (found is not None or action == "lease_takeover") and _enabled():
+        transaction.on_commit(partial(_record, workflow, action, step, after, found))
 
 
 def claimed(workflow: str, *, due_at: datetime | None, now: datetime) -> None:

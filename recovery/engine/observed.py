@@ -18,21 +18,6 @@ from recovery.engine import metrics
 
 log = logging.getLogger("recovery.transitions")
 
-# What a step's attempt came to, by the transition that recorded it (a trace's outcome).
-OUTCOMES = {
-    "step_succeed": "succeeded",
-    "step_fail": "failed",
-    "step_unknown": "unknown",
-    "reconciled": "happened",
-    "reconciled_absent": "absent",
-    "reconcile_wait": "wait",
-    "reconcile_deferred": "failed",
-    "policy_refused": "refused",
-    "outbox_delivered": "succeeded",
-    "outbox_retry": "failed",
-    "outbox_fail": "failed",
-}
-
 ROUTINE = frozenset(
     {"claim", "step_begin", "step_succeed", "step_enqueue", "decision_reused", "complete", "wait", "release"}
 )
@@ -50,9 +35,10 @@ def transition(
 ) -> None:
     """A transition wrote its audit event ``action``: count and log it once it commits."""
     metrics.transition(workflow, action, step, after)
-    if action in OUTCOMES:  # the step attempt's span, when tracing is on
-        kind = after.get("error_kind") if OUTCOMES[action] != "succeeded" else None
-        tracing.annotate({"workflow.step.outcome": OUTCOMES[action], "error.type": kind})
+    found = metrics.outcome(action, after)
+    if found is not None:  # the step attempt's span, when tracing is on
+        kind = after.get("error_kind") if found[1] != "succeeded" else None
+        tracing.annotate({"workflow.step.outcome": found[1], "error.type": kind})
     level = logging.DEBUG if action in ROUTINE and actor == "executor" else logging.INFO
     if not log.isEnabledFor(level):
         return
