@@ -6,15 +6,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pydantic
 from django.db import connection
 
-from recovery.engine import failpoints, heartbeat, transitions
+from recovery import logs, tracing
+from recovery.engine import failpoints, heartbeat, metrics, transitions
 from recovery.engine.transitions import Lease
 from recovery.errors import DatabaseUnavailable, InvalidModelOutput, StepError, classify
+from recovery.models import WorkflowRun
 from recovery.workflow import Outcome, StepContext, StepSpec
 
 log = logging.getLogger("recovery.executor")
@@ -36,12 +40,14 @@ def invoke(
     lease: Lease | None = None,
     claim: transitions.OutboxClaim | None = None,
     point: str = "",
+    timed: str = "",
 ) -> tuple[Any, StepError | None]:
     """Call workflow code (a step, a look-up, a compensation) with no database lock held,
     renewing the run's ``lease`` (or the outbox ``claim``) while it is in flight (the
     heartbeat). Its exceptions come back classified (errors.classify); an armed failpoint's
     FailpointRaised passes through, as a crash would. With ``point``, the before_call and
-    after_call failpoints of that name surround the call."""
+    after_call failpoints of that name surround the call. With ``timed`` (the run's workflow),
+    the call's duration is observed as its step's (``recovery_step_duration_seconds``)."""
     if point:
         failpoints.hit(point, "before_call")
     if lease is not None:
@@ -50,6 +56,7 @@ def invoke(
         held = heartbeat.held_claim(claim.pk, claim.generation)
     else:
         held = contextlib.nullcontext()
+    started = time.perf_counter()
     try:
         with held:
             result, error = fn(ctx), None
@@ -57,9 +64,41 @@ def invoke(
         raise
     except Exception as exc:
         result, error = None, classify(exc)
+    if timed:
+        metrics.call_took(timed, ctx.step, time.perf_counter() - started)
     if point:
         failpoints.hit(point, "after_call")
     return result, error
+
+
+@contextmanager
+def working_on(
+    span: str,
+    run: WorkflowRun,
+    *,
+    parent: str = "",
+    lease_generation: int | None = None,
+    step: str = "",
+    attempt: int | None = None,
+    key: str = "",
+) -> Iterator[None]:
+    """While the executor (or the publisher) works on ``run`` — and on its ``step``'s attempt —
+    every log record carries what it works on (recovery.logs), and the work is one span named
+    ``span`` (recovery.tracing), child of ``parent`` (a traceparent) when given."""
+    attributes: dict[str, Any] = {"workflow.id": run.workflow_id, "workflow.name": run.workflow_name}
+    if step:
+        attributes.update({"workflow.step.name": step, "workflow.step.attempt": attempt})
+    fields = logs.bound(
+        workflow_id=run.workflow_id,
+        workflow=run.workflow_name,
+        lease_generation=lease_generation,
+        step=step or None,
+        attempt=attempt,
+        key=logs.key_prefix(key) if key else None,
+        actor=transitions.EXECUTOR,
+    )
+    with fields, tracing.span(span, parent=parent, attributes=attributes):
+        yield
 
 
 def validate_decision(spec: StepSpec, raw: Any) -> dict[str, Any]:

@@ -18,11 +18,11 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connection, transaction
 
-from recovery import clock, logs, tracing
-from recovery.engine import failpoints, guards, metrics, transitions
-from recovery.engine.calls import as_outcome, database_unavailable, invoke, validate_decision
+from recovery import clock
+from recovery.engine import failpoints, guards, transitions
+from recovery.engine.calls import as_outcome, database_unavailable, invoke, validate_decision, working_on
 from recovery.engine.publisher import publish_due
-from recovery.engine.transitions import DONE_STEP_STATES, EXECUTOR, Lease
+from recovery.engine.transitions import DONE_STEP_STATES, Lease
 from recovery.errors import (
     DatabaseUnavailable,
     ErrorKind,
@@ -109,11 +109,7 @@ def advance(run_pk: int, *, owner: str | None = None) -> str | None:
 
 def _advance_claimed(lease: Lease) -> str | None:
     run = lease.seen["run"]  # the claim's own copy
-    bound = logs.bound(
-        workflow_id=run.workflow_id, workflow=run.workflow_name, lease_generation=lease.generation, actor=EXECUTOR
-    )
-    attributes = {"workflow.id": run.workflow_id, "workflow.name": run.workflow_name}
-    with bound, tracing.span("advance run", parent=run.traceparent or "", attributes=attributes):
+    with working_on("advance run", run, parent=run.traceparent or "", lease_generation=lease.generation):
         return _advance_bound(lease)
 
 
@@ -176,16 +172,8 @@ def _step_once(lease: Lease, plan: _Plan) -> bool:
     step = plan.next_step()
     if step is None:
         return _finish(lease, plan)
-    attributes = {
-        "workflow.id": plan.run.workflow_id,
-        "workflow.name": plan.run.workflow_name,
-        "workflow.step.name": step.step_name,
-        "workflow.step.attempt": step.attempts,
-    }
-    with (
-        logs.bound(step=step.step_name, attempt=step.attempts, key=logs.key_prefix(step.idempotency_key)),
-        tracing.span(f"step {step.step_name}", attributes=attributes),
-    ):
+    name = step.step_name
+    with working_on(f"step {name}", plan.run, step=name, attempt=step.attempts, key=step.idempotency_key):
         return _step(lease, plan, step)
 
 
@@ -389,9 +377,9 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
         raw = None
     else:
-        started = time.perf_counter()
-        raw, error = invoke(spec.call, replace(ctx, intent=intent), lease=lease, point=name)
-        metrics.call_took(plan.run.workflow_name, name, time.perf_counter() - started)
+        raw, error = invoke(
+            spec.call, replace(ctx, intent=intent), lease=lease, point=name, timed=plan.run.workflow_name
+        )
 
     decision: dict[str, Any] | None = None
     if error is None and spec.is_decision:
@@ -438,9 +426,7 @@ def _execute_local(
     certainly left nothing (never an unknown outcome)."""
     try:
         with transaction.atomic():
-            started = time.perf_counter()
-            raw, error = invoke(spec.call, ctx, point=spec.name)
-            metrics.call_took(plan.run.workflow_name, spec.name, time.perf_counter() - started)
+            raw, error = invoke(spec.call, ctx, point=spec.name, timed=plan.run.workflow_name)
             if error is not None:
                 raise _RolledBack(error)
             transitions.step_succeed(

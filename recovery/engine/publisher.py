@@ -5,14 +5,13 @@ sent again only once that attempt can no longer commit (the in-flight window).""
 from __future__ import annotations
 
 import logging
-import time
 from datetime import datetime
 
 from django.db import InterfaceError, OperationalError
 
-from recovery import clock, logs, tracing
-from recovery.engine import failpoints, metrics, transitions
-from recovery.engine.calls import as_outcome, database_unavailable, invoke
+from recovery import clock
+from recovery.engine import failpoints, transitions
+from recovery.engine.calls import as_outcome, database_unavailable, invoke, working_on
 from recovery.errors import LeaseLost
 from recovery.models import OutboxMessage, StepExecution, StepState
 from recovery.workflow import StepContext, StepSpec, get_workflow
@@ -38,21 +37,15 @@ def publish(outbox_pk: int, *, owner: str | None = None) -> str | None:
 def _deliver(claim: transitions.OutboxClaim) -> None:
     message = OutboxMessage.objects.select_related("run").get(pk=claim.pk)
     run = message.run
-    bound = logs.bound(
-        workflow_id=run.workflow_id,
-        workflow=run.workflow_name,
-        step=message.step_name,
+    name = message.step_name
+    with working_on(
+        f"deliver {name}",
+        run,
+        parent=run.traceparent or "",
+        step=name,
         attempt=message.attempts,
-        key=logs.key_prefix(message.idempotency_key),
-        actor=transitions.EXECUTOR,
-    )
-    attributes = {
-        "workflow.id": run.workflow_id,
-        "workflow.name": run.workflow_name,
-        "workflow.step.name": message.step_name,
-        "workflow.step.attempt": message.attempts,
-    }
-    with bound, tracing.span(f"deliver {message.step_name}", parent=run.traceparent or "", attributes=attributes):
+        key=message.idempotency_key,
+    ):
         _deliver_bound(claim, message, run)
 
 
@@ -80,9 +73,7 @@ def _deliver_bound(claim: transitions.OutboxClaim, message: OutboxMessage, run) 
                 return
             if claim.settle_from is not None and not _may_send_again(claim, spec):
                 return
-        started = time.perf_counter()
-        raw, error = invoke(spec.call, ctx, claim=claim, point=message.step_name)
-        metrics.call_took(run.workflow_name, message.step_name, time.perf_counter() - started)
+        raw, error = invoke(spec.call, ctx, claim=claim, point=message.step_name, timed=run.workflow_name)
         if error is None:
             transitions.outbox_delivered(claim=claim, outcome=as_outcome(raw), how="delivered")
         else:
