@@ -15,6 +15,7 @@ from django.db.models.functions import TruncHour
 
 from recovery import clock, counts
 from recovery.actions import ACTIONS, BULK_ACTIONS, StepArg, parse_decision
+from recovery.console import selectors
 from recovery.engine import transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
 from recovery.models import (
@@ -29,7 +30,6 @@ from recovery.models import (
 )
 from recovery.observability import exposition
 from recovery.permissions import can
-from recovery.workflow import all_workflows
 
 # The column's size: a longer evidence reference is refused with a message, not a database error.
 REMOTE_REF_MAX_LENGTH = StepExecution._meta.get_field("remote_ref").max_length
@@ -324,7 +324,7 @@ def dashboard(*, now: datetime) -> dict[str, Any]:
         bucket = unknown if row["action"] == "step_unknown" else retries
         if row["hour"] in bucket:
             bucket[row["hour"]] += row["n"]
-    workflows = [wf.name for wf in all_workflows()]
+    workflows = selectors.workflow_names()
     # The numbers /metrics serves: its gauges (recovery.counts) and its counters.
     found = counts.by_workflow(workflows, now=now)
     states = [(s.value, s.label, [found["states"][(w, s.value)] for w in workflows]) for s in RunState]
@@ -360,7 +360,8 @@ def _total(cells: list[tuple[int, bool]]) -> int:
     return sum(n for n, _ in cells)
 
 
-# The dashboard's rows of the engine's counters: (label, counter, label to split by, its value).
+# The dashboard's rows of the engine's counters: (label, counter, label to split by, its value;
+# "" and "" for a counter counted whole).
 ENGINE_ROWS = (
     ("Attempts that succeeded", "recovery_step_attempts_total", "outcome", "succeeded"),
     ("Attempts that failed", "recovery_step_attempts_total", "outcome", "failed"),
@@ -380,13 +381,8 @@ def _engine_counters(workflows: list[str]) -> dict[str, Any]:
     samples = exposition.counter_samples()
     rows = []
     for label, name, split, value in ENGINE_ROWS:
-        by = (
-            exposition.totals(samples, name, "workflow", split)
-            if split
-            else exposition.totals(samples, name, "workflow")
-        )
-        key = (value,) if split else ()
-        rows.append({"label": label, "cells": [int(by.get((w, *key), 0)) for w in workflows]})
+        by = exposition.totals(samples, name, "workflow", split)  # no split: "" for every sample
+        rows.append({"label": label, "cells": [int(by.get((w, value), 0)) for w in workflows]})
     actions = exposition.totals(samples, "recovery_operator_actions_total", "action", "role")
     return {
         "rows": rows,
