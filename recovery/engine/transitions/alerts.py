@@ -141,10 +141,7 @@ def alert_delivered(*, delivery_pk: int, now: datetime | None = None) -> None:
             return
         delivery.state, delivery.sent_at, delivery.next_attempt_at = DeliveryState.SENT, now, None
         delivery.save(update_fields=["state", "sent_at", "next_attempt_at"])
-        alert = delivery.alert
-        state = {"run": alert.run.state, "alert": alert.cause, "channel": delivery.channel}
-        reason = f"sent by {delivery.channel} (attempt {delivery.attempts})"
-        _audit(alert.run, "alert_sent", actor=ALERTS, reason=reason, before=state, after=state, now=now)
+        _audit_delivery(delivery, "alert_sent", f"sent by {delivery.channel} (attempt {delivery.attempts})", now)
         metrics.alert_sent(delivery.channel)
 
 
@@ -158,10 +155,15 @@ def alert_delivery_failed(*, delivery_pk: int, error: str, now: datetime | None 
         delivery.last_error = redact_text(error)[:2000]
         if delivery.attempts >= DELIVERY_ATTEMPTS:
             delivery.state, delivery.next_attempt_at = DeliveryState.FAILED, None
-            alert = delivery.alert
-            state = {"run": alert.run.state, "alert": alert.cause, "channel": delivery.channel}
             reason = f"not sent by {delivery.channel} after {delivery.attempts} attempts: {delivery.last_error}"
-            _audit(alert.run, "alert_failed", actor=ALERTS, reason=reason[:2000], before=state, after=state, now=now)
+            _audit_delivery(delivery, "alert_failed", reason[:2000], now)
         else:
             delivery.next_attempt_at = now + timedelta(seconds=2.0 ** (delivery.attempts - 1))
         delivery.save(update_fields=["state", "last_error", "next_attempt_at"])
+
+
+def _audit_delivery(delivery: AlertDelivery, action: str, reason: str, now: datetime) -> None:
+    """A delivery's outcome, audited on its alert's run (nothing of the run changes)."""
+    alert = delivery.alert
+    state = {"run": alert.run.state, "alert": alert.cause, "channel": delivery.channel}
+    _audit(alert.run, action, actor=ALERTS, reason=reason, before=state, after=state, now=now)
