@@ -29,7 +29,7 @@ def install(*, run: Sender, message: Sender) -> None:
 
 def _on_commit(model: type[WorkflowRun] | type[OutboxMessage], kind: str, pks: list[int]) -> None:
     send = _senders.get(kind)
-    if settings.RECOVERY_EXECUTOR != "celery" or send is None or not pks:
+    if not queues() or send is None or not pks:
         return
     # Stamped in the same transaction, so the sweeper does not queue a second task for them.
     model.objects.filter(pk__in=pks).update(dispatched_at=clock.now())
@@ -37,6 +37,12 @@ def _on_commit(model: type[WorkflowRun] | type[OutboxMessage], kind: str, pks: l
     # the sweeper finds it later.
     for pk in pks:
         transaction.on_commit(partial(send, pk), robust=True)
+
+
+def queues() -> bool:
+    """Whether a transition that makes work due queues a task for it (and stamps it, in its
+    transaction): with the Celery executor, once its senders are installed."""
+    return settings.RECOVERY_EXECUTOR == "celery" and bool(_senders)
 
 
 def enqueue_run(run_pk: int) -> None:

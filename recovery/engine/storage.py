@@ -308,3 +308,65 @@ def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fiel
         ORDER BY s."position"
     """
     return sql, tuple(run_fields), tuple(step_fields)
+
+
+def start(run: models.Model, steps: list[models.Model], audit_values: dict[str, Any]) -> int | None:
+    """PostgreSQL only: a run's start as one statement (one round trip, its own transaction in
+    autocommit) — the run (unless one with its workflow id exists), its steps and its start
+    event (``audit_values`` without ``run``), each written only with the one before. Returns
+    the new run's id, or None if the workflow id was taken: then nothing was written."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    audit_names = tuple(sorted(audit_values))
+    sql, run_fields, step_fields, audit_fields = _start_sql(len(steps), audit_names)
+    params = _row(connection, run, run_fields)
+    for step in steps:
+        params.extend(_row(connection, step, step_fields))
+    params.extend(_params(connection, audit_names, audit_fields, audit_values))
+    with _cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchone()
+    return None if found is None else found[0]
+
+
+def _row(connection, obj: models.Model, columns: Columns) -> list[Any]:
+    names = tuple(field.attname for field, _ in columns)
+    return _params(connection, names, columns, {name: getattr(obj, name) for name in names})
+
+
+def _written(model: type[models.Model], *, without: str) -> Columns:
+    """The columns an insert of ``model`` writes: every concrete field but its id, ``without``
+    and those the database fills in."""
+    fields = [
+        f for f in model._meta.concrete_fields if not f.primary_key and f.name != without and not f.has_db_default()
+    ]
+    return tuple((field, isinstance(field, models.JSONField)) for field in fields)
+
+
+@cache
+def _start_sql(steps: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, Columns, Columns]:
+    from recovery.models import AuditEvent, StepExecution, WorkflowRun
+
+    connection = connections[DEFAULT_DB_ALIAS]
+    quote = connection.ops.quote_name
+    run_fields = _written(WorkflowRun, without="")
+    step_fields = _written(StepExecution, without="run")
+    audit_fields = _columns(AuditEvent, audit_names)
+
+    def names(columns: Columns) -> str:
+        return ", ".join(quote(field.column) for field, _ in columns)
+
+    def typed(columns: Columns) -> str:
+        # Typed placeholders: in INSERT … SELECT, an untyped literal would be taken as text.
+        return ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in columns)
+
+    step_rows = ", ".join(f"({typed(step_fields)})" for _ in range(steps))
+    sql = (
+        f"WITH new_run AS (INSERT INTO {quote(WorkflowRun._meta.db_table)} ({names(run_fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(run_fields))}) "
+        f'ON CONFLICT ("workflow_id") DO NOTHING RETURNING "id"), '
+        f"new_steps AS (INSERT INTO {quote(StepExecution._meta.db_table)} "
+        f'("run_id", {names(step_fields)}) SELECT new_run."id", v.* FROM new_run, (VALUES {step_rows}) AS v) '
+        f'INSERT INTO {quote(AuditEvent._meta.db_table)} ("run_id", {names(audit_fields)}) '
+        f'SELECT new_run."id", {typed(audit_fields)} FROM new_run RETURNING "run_id"'
+    )
+    return sql, run_fields, step_fields, audit_fields

@@ -4,16 +4,17 @@ parking it for review."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import pydantic
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 
 from recovery import clock, tracing
-from recovery.engine import dispatch
+from recovery.engine import dispatch, storage
 from recovery.errors import StartConflict
 from recovery.models import RunState, StepExecution, WorkflowRun
 from recovery.workflow import Workflow, get_workflow, idempotency_key, payload_hash
@@ -22,10 +23,13 @@ from ._core import (
     RUN_LEASE_FIELDS,
     Lease,
     _abandon_running_steps,
+    _actor_fields,
     _audit,
     _audit_many,
+    _audit_row,
     _check,
     _locked_run,
+    _observed,
     _release_into,
     _save_run,
     _snap,
@@ -54,20 +58,53 @@ def run_start(
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     event = _event(wf, data)
     now = now or clock.now()
-    try:
-        with transaction.atomic():
-            run = _new_run(wf, event, now, reserve)
-            run.save(force_insert=True)
-            StepExecution.objects.bulk_create(_new_steps(wf, run, now))
-            _audit(run, "start", actor=actor, before={}, after=_snap(run), now=now)
-            if reserve is None:  # a reserved run is driven by the executor it is reserved for
-                dispatch.enqueue_run(run.pk)
-    except IntegrityError:
+    run = _new_run(wf, event, now, reserve)
+    with transaction.atomic() if dispatch.queues() else nullcontext():
+        created = _insert(wf, run, actor, now)
+        if created and reserve is None:  # a reserved run is driven by the executor it is reserved for
+            dispatch.enqueue_run(run.pk)
+    if not created:
         run = WorkflowRun.objects.get(workflow_id=event.workflow_id)
         if run.input_hash != event.input_hash:
-            raise _conflict(event.workflow_id) from None
-        return run, False
-    return run, True
+            raise _conflict(event.workflow_id)
+    return run, created
+
+
+def _insert(wf: Workflow, run: WorkflowRun, actor: AbstractBaseUser | str | None, now: datetime) -> bool:
+    """Write a new run, its steps and its start event, unless a run with its workflow id exists
+    (then nothing): True if written. The engine's insert saves no version of the run; the start
+    event says who started it (see _history_user)."""
+    insert = _insert_in_one_statement if connection.vendor == "postgresql" else _insert_in_transaction
+    return insert(run, _new_steps(wf, run, now), actor, now)
+
+
+def _insert_in_one_statement(
+    run: WorkflowRun, steps: list[StepExecution], actor: AbstractBaseUser | str | None, now: datetime
+) -> bool:
+    """PostgreSQL: one round trip (storage.start)."""
+    row = _audit_row(run, "start", _actor_fields(actor), "", "", {}, _snap(run), now)
+    del row["run_id"]
+    pk = storage.start(run, steps, row)
+    if pk is None:
+        return False
+    run.pk = pk
+    run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS
+    _observed(run, "start", "", _snap(run), row["actor"])
+    return True
+
+
+def _insert_in_transaction(
+    run: WorkflowRun, steps: list[StepExecution], actor: AbstractBaseUser | str | None, now: datetime
+) -> bool:
+    """Any database: three statements in a transaction; the unique workflow id refuses a second run."""
+    try:
+        with transaction.atomic():
+            WorkflowRun.objects.bulk_create([run])
+            StepExecution.objects.bulk_create(steps)
+            _audit(run, "start", actor=actor, before={}, after=_snap(run), now=now)
+    except IntegrityError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
