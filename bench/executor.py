@@ -44,6 +44,14 @@ ours_call_nohb  Exactly ours_call, but with the heartbeat off (BENCH_HEARTBEAT=o
          executor runs (a switch of the bench's alone, no setting). The other engine contenders run
          with BENCH_HEARTBEAT=on. Its purpose is the ``heartbeat cost`` below: local steps do not go
          through the heartbeat, calls do (rule 12), so ours_call pays it and this one does not.
+ours_e2e  End to end, the way DBOS is counted: nothing is started before the clock. Each of the N
+         processes takes its share of the M events (``i ≡ k mod N``) and, one at a time, starts the
+         run with ``run_start`` and advances it at once with ``executor.advance(run)``: what a
+         Celery worker does for ``start_run`` and then ``advance_run``, without the broker between
+         them (the embedded executor would find the run at its next poll instead). Then
+         ``run_forever(until_idle=True)`` for anything let go of meanwhile. Local steps, as ours.
+ours_call_e2e  The same with the steps as calls, as ours_call. The JSON line's ``e2e_*`` keys and the
+         "end to end" lines compare these two with DBOS, whose clock includes its workflow start.
 dbos     DBOS Transact (the ``dbos`` package, 3.x): a ``@DBOS.workflow`` calling three
          ``@DBOS.step`` s. Steps, not transactions: DBOS 3 removed ``@DBOS.transaction`` with the
          application database (its successor, a datasource transaction, runs SERIALIZABLE and
@@ -92,6 +100,11 @@ worker processes (all their threads, not PostgreSQL's) from ``go`` to ``done``, 
 steps/s it tells a contender that waits on the database from one that computes (not measured
 for Celery's pool processes).
 
+What each clock includes: ours, ours_bare, ours_call and ours_call_nohb run runs started before
+the clock (``pre-started``: the executor alone); ours_e2e and ours_call_e2e start every run
+inside it; DBOS starts every workflow inside it; Celery's chains are enqueued before it (its
+clock is the consumption); the ceiling has no start.
+
 Output: progress on stderr; on stdout a table (median and min–max over ``--repeat`` repetitions
 per contender and worker count), the ratios ours/other of the medians, and, as the last line,
 one JSON object with the 2-worker medians (or the first measured worker count without 2).
@@ -138,9 +151,29 @@ sys.path.insert(0, str(ROOT))  # the ``bench`` namespace package, also when run 
 from bench.executor_workers import FLUSH_STATS  # noqa: E402
 
 PY = sys.executable
-CONTENDERS = ("ours", "ours_bare", "ours_call", "ours_call_nohb", "dbos", "celery", "ceiling")
+CONTENDERS = (
+    "ours",
+    "ours_bare",
+    "ours_call",
+    "ours_call_nohb",
+    "ours_e2e",
+    "ours_call_e2e",
+    "dbos",
+    "celery",
+    "ceiling",
+)
 # Our contenders: how the bench workflow declares its steps, and whether the heartbeat runs.
-ENGINE = {"ours": "local", "ours_bare": "local", "ours_call": "call", "ours_call_nohb": "call"}
+ENGINE = {
+    "ours": "local",
+    "ours_bare": "local",
+    "ours_call": "call",
+    "ours_call_nohb": "call",
+    "ours_e2e": "local",
+    "ours_call_e2e": "call",
+}
+# Those whose clock includes every run's start (as DBOS's includes its workflow's start), each
+# with its pre-started twin.
+E2E = {"ours_e2e": "ours", "ours_call_e2e": "ours_call"}
 HEARTBEAT_OFF = {"ours_call_nohb"}
 BARE = {"ours_bare"}
 # What a feature costs: 1 - (steps/s with it / steps/s without it), from two contenders that
@@ -158,10 +191,7 @@ CHECKPOINT_TABLE = (
 COUNT_EFFECTS = "SELECT count(*) FROM bench_effect"
 # Per durable contender: (finished workflows, all workflows).
 FINISHED = {
-    "ours": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
-    "ours_bare": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
-    "ours_call": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
-    "ours_call_nohb": "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun",
+    **dict.fromkeys(ENGINE, "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun"),
     "dbos": "SELECT count(*) FILTER (WHERE status = 'SUCCESS'), count(*) FROM dbos.workflow_status",
     "ceiling": "SELECT count(*) FILTER (WHERE succeeded = 3), count(*) FROM "
     "(SELECT count(*) FILTER (WHERE state = 'succeeded') AS succeeded FROM bench_checkpoint GROUP BY run) AS runs",
@@ -444,11 +474,8 @@ class Bench:
 
     def template_ours(self) -> tuple[str, float]:
         """Migrated, with the effect table and M runs started; returns it and the start's seconds."""
-        template = self.server.create("ours_template")
+        template = self.template_engine("ours_template")
         env = self.django_env(template)
-        log("ours: migrating the engine's template database")
-        subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-        self.server.execute(template, EFFECT_TABLE)
         log(f"ours: starting {self.workflows} runs with run_start (one process, not timed)")
         starter = self.children.start(
             "ours-start", [PY, "-m", "bench.executor_workers", "start", *self._workflows_arg()], env
@@ -458,6 +485,15 @@ class Bench:
         self.server.execute(template, "VACUUM ANALYZE")
         self.server.wait_idle(template)
         return template, seconds
+
+    def template_engine(self, name: str) -> str:
+        """Migrated, with the effect table, no run."""
+        template = self.server.create(name)
+        log(f"{name}: migrating the engine's template database")
+        env = self.django_env(template)
+        subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
+        self.server.execute(template, EFFECT_TABLE)
+        return template
 
     def template_dbos(self) -> str:
         from dbos import DBOS
@@ -519,6 +555,9 @@ class Bench:
         return seconds, after[0] - before[0], after[1] - before[1], cpu
 
     def _worker_argv(self, contender: str, database: str, index: int, workers: int) -> list[str]:
+        share = ["--index", str(index), "--workers", str(workers), *self._workflows_arg()]
+        if contender in E2E:
+            return [PY, "-m", "bench.executor_workers", "ours_e2e", *share]
         if contender in ENGINE:
             return [PY, "-m", "bench.executor_workers", "ours"]
         argv = [PY, "-m", "bench.executor_workers", contender]
@@ -651,6 +690,11 @@ def report(samples: list[Sample], args: argparse.Namespace, machine: str, start_
         ]
         if ratios:
             print(f"ratios of medians, {workers} worker(s): " + ", ".join(ratios))
+        e2e = [
+            f"{ours}/dbos {ratio:.2f}" for ours in E2E if (ratio := _ratio(groups, workers, "dbos", ours)) is not None
+        ]
+        if e2e:
+            print(f"end to end (every start inside the clock), {workers} worker(s): " + ", ".join(e2e))
     for name, (on, off) in COSTS.items():
         for workers in args.workers:
             if (cost := feature_cost(samples, workers, on, off)) is not None:
@@ -692,9 +736,9 @@ def feature_cost(
     return 1 - statistics.median(on.values()) / statistics.median(off.values()), min(paired), max(paired)
 
 
-def _ratio(groups: dict[tuple[str, int], Summary], workers: int, other: str) -> float | None:
-    ours, theirs = _median_rate(groups, "ours", workers), _median_rate(groups, other, workers)
-    return ours / theirs if ours and theirs else None
+def _ratio(groups: dict[tuple[str, int], Summary], workers: int, other: str, ours: str = "ours") -> float | None:
+    mine, theirs = _median_rate(groups, ours, workers), _median_rate(groups, other, workers)
+    return mine / theirs if mine and theirs else None
 
 
 def summary_json(
@@ -729,6 +773,16 @@ def summary_json(
         if other != "celery":
             result[f"{other}_cpu_ms_per_step"] = median(other, lambda s: s.cpu_ms_per_step)
     result["start_runs_per_s"] = round(args.workflows / start_seconds, 1) if start_seconds else None
+    # End to end: every run's start inside the clock, as DBOS's workflow start is in its.
+    for ours, name in (("ours_e2e", "e2e"), ("ours_call_e2e", "e2e_call")):
+        result[f"{name}_steps_per_s"] = median(ours, lambda s: s.steps_per_s)
+        result[f"{name}_ratio_vs_dbos"] = (
+            round(value, 3) if (value := _ratio(groups, workers, "dbos", ours)) is not None else None
+        )
+        by_workers = {str(n): _ratio(groups, n, "dbos", ours) for n in args.workers}
+        result[f"{name}_ratio_vs_dbos_by_workers"] = {
+            n: round(ratio, 3) for n, ratio in by_workers.items() if ratio is not None
+        } or None
     for name, (on, off) in COSTS.items():
         costs = {str(n): cost for n in args.workers if (cost := feature_cost(samples, n, on, off)) is not None}
         for key, index in ((name, 0), (f"{name}_min", 1), (f"{name}_max", 2)):
@@ -763,9 +817,11 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
     contenders = [c for c in CONTENDERS if c in args.only]
     templates: dict[str, str] = {}
     start_seconds = None
-    if set(ENGINE) & set(contenders):  # one template of started runs serves all of them
+    if (set(ENGINE) - set(E2E)) & set(contenders):  # one template of started runs serves all of them
         template, start_seconds = bench.template_ours()
-        templates.update(dict.fromkeys(ENGINE, template))
+        templates.update(dict.fromkeys(set(ENGINE) - set(E2E), template))
+    if set(E2E) & set(contenders):  # they start their own runs
+        templates.update(dict.fromkeys(E2E, bench.template_engine("ours_e2e_template")))
     if "dbos" in contenders:
         templates["dbos"] = bench.template_dbos()
     if "celery" in contenders:

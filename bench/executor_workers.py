@@ -1,6 +1,7 @@
 """The worker processes of ``bench/executor.py``, one OS process each, started from the project root:
 
     python -m bench.executor_workers ours                    # our embedded executor (Django settings from the env)
+    python -m bench.executor_workers ours_e2e --index K --workers N --workflows M   # start each run, then run it
     python -m bench.executor_workers dbos --dsn URL --index K --workers N --workflows M
     python -m bench.executor_workers ceiling --dsn URL --index K --workers N --workflows M
     python -m bench.executor_workers start --workflows M     # run_start of M bench runs, before any timing
@@ -10,8 +11,8 @@ and connects, flushes its connection's pending statistics (``pg_stat_force_next_
 set-up's transactions are counted before the benchmark's snapshot, not inside it), prints
 ``ready``, waits for ``go`` on stdin, does its share, prints ``done <CPU seconds it used since go>``
 and only then tears down.
-A DBOS or ceiling worker takes workflows ``K, K+N, K+2N, …`` of ``0…M-1``; our executors share the
-runs already started through the engine's own claim.
+A DBOS, ceiling or ``ours_e2e`` worker takes workflows ``K, K+N, K+2N, …`` of ``0…M-1``; our
+executors share the runs already started through the engine's own claim.
 """
 
 from __future__ import annotations
@@ -71,6 +72,27 @@ def ours() -> None:
     with connection.cursor() as cursor:
         cursor.execute(FLUSH_STATS)
     cpu = ready_then_wait_for_go()
+    run_forever(until_idle=True, poll_seconds=0.05)
+    done(cpu)
+    connection.close()
+
+
+def ours_e2e(ids: range) -> None:
+    """End to end, as a Celery worker runs ``start_run`` then ``advance_run`` (without the broker
+    between them): each event started with ``run_start``, then its run advanced at once with
+    ``executor.advance``; then the embedded loop until idle, for anything let go of meanwhile."""
+    setup_django()
+    from django.db import connection
+
+    from recovery.engine.executor import advance, run_forever
+    from recovery.engine.transitions import run_start
+
+    with connection.cursor() as cursor:
+        cursor.execute(FLUSH_STATS)
+    cpu = ready_then_wait_for_go()
+    for i in ids:
+        run, _ = run_start(workflow="bench", data={"id": str(i)})
+        advance(run.pk)
     run_forever(until_idle=True, poll_seconds=0.05)
     done(cpu)
     connection.close()
@@ -176,7 +198,7 @@ def flush_pool_stats(engine: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["ours", "start", "dbos", "ceiling"])
+    parser.add_argument("kind", choices=["ours", "ours_e2e", "start", "dbos", "ceiling"])
     parser.add_argument("--dsn", help="the contender's database (dbos, ceiling)")
     parser.add_argument("--index", type=int, default=0, help="this worker's index, 0…N-1")
     parser.add_argument("--workers", type=int, default=1, help="N, the number of workers")
@@ -186,6 +208,8 @@ def main() -> None:
     match args.kind:
         case "ours":
             ours()
+        case "ours_e2e":
+            ours_e2e(ids)
         case "start":
             start(args.workflows)
         case "dbos":

@@ -73,7 +73,7 @@ class WorkflowRun(models.Model):
     revision = models.BigIntegerField(default=0)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
-    # Versions saved by people (operators, the API start); the executor's changes are in the audit trail.
+    # Versions saved by people (operators); starts and the executor's changes are in the audit trail.
     history = HistoricalRecords(
         excluded_fields=["lease_expires_at", "dispatched_at", "revision", "reserved_for", "reserved_until"]
     )
