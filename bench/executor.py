@@ -136,6 +136,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -158,6 +159,7 @@ CONTENDERS = (
     "ours_call_nohb",
     "ours_e2e",
     "ours_call_e2e",
+    "ours_api",
     "dbos",
     "celery",
     "ceiling",
@@ -170,10 +172,13 @@ ENGINE = {
     "ours_call_nohb": "call",
     "ours_e2e": "local",
     "ours_call_e2e": "call",
+    "ours_api": "local",
 }
 # Those whose clock includes every run's start (as DBOS's includes its workflow's start), each
 # with its pre-started twin.
-E2E = {"ours_e2e": "ours", "ours_call_e2e": "ours_call"}
+E2E = {"ours_e2e": "ours", "ours_call_e2e": "ours_call", "ours_api": "ours"}
+API_WORKERS = 2  # gunicorn's sync workers serving the event API (ours_api)
+API_BATCH = 100  # events per request
 HEARTBEAT_OFF = {"ours_call_nohb"}
 BARE = {"ours_bare"}
 # What a feature costs: 1 - (steps/s with it / steps/s without it), from two contenders that
@@ -189,6 +194,7 @@ CHECKPOINT_TABLE = (
     "state text NOT NULL, remote_ref text, updated_at timestamptz NOT NULL DEFAULT now())"
 )
 COUNT_EFFECTS = "SELECT count(*) FROM bench_effect"
+COUNT_COMPLETED = "SELECT count(*) FROM recovery_workflowrun WHERE state = 'completed'"
 # Per durable contender: (finished workflows, all workflows).
 FINISHED = {
     **dict.fromkeys(ENGINE, "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FROM recovery_workflowrun"),
@@ -516,6 +522,8 @@ class Bench:
         try:
             if contender == "celery":
                 seconds, commits, rollbacks, cpu = *self._run_celery(database, workers, rep), None
+            elif contender == "ours_api":
+                seconds, commits, rollbacks, cpu = self._run_api(database, workers, rep)
             else:
                 seconds, commits, rollbacks, cpu = self._run_processes(contender, database, workers, rep)
             self._verify(contender, database)
@@ -556,6 +564,8 @@ class Bench:
 
     def _worker_argv(self, contender: str, database: str, index: int, workers: int) -> list[str]:
         share = ["--index", str(index), "--workers", str(workers), *self._workflows_arg()]
+        if contender == "ours_api":
+            return [PY, "-m", "bench.executor_workers", "ours_serve"]
         if contender in E2E:
             return [PY, "-m", "bench.executor_workers", "ours_e2e", *share]
         if contender in ENGINE:
@@ -619,6 +629,85 @@ class Bench:
                 raise BenchError(f"the Celery worker did not answer{worker.log_tail()}")
         return worker, node
 
+    def _run_api(self, database: str, workers: int, rep: int) -> tuple[float, int, int, float]:
+        """The M events posted to the event API (gunicorn, API_WORKERS sync workers, token
+        authentication, JSON arrays of API_BATCH) from three client threads while ``workers``
+        executors serve; timed from ``go`` until every run has completed."""
+        from bench.start import Gunicorn, _cpu_seconds, check_answers, issue_token, post_batches, server_env
+
+        env = self.django_env(database)
+        token = issue_token(env, f"bench-w{workers}-r{rep}")
+        events = [{"id": str(i)} for i in range(self.workflows)]
+        batches = [events[i : i + API_BATCH] for i in range(0, len(events), API_BATCH)]
+        bodies = [json.dumps(batch).encode() for batch in batches]
+        metrics = self.tmp / "prometheus" / f"{database}-api"
+        metrics.mkdir(parents=True, exist_ok=True)
+        server = Gunicorn(server_env(env, metrics), API_WORKERS, self.tmp / f"gunicorn-{database}.log")
+        try:
+            server.start()
+            # Untimed: each worker answers once (imports, URL resolver); an event that does not validate
+            # starts nothing.
+            for status, _ in post_batches(server.port, token, [b"[{}]"] * 2 * API_WORKERS, 2):
+                if status != 207:
+                    raise BenchError(f"ours_api: the warm-up got HTTP {status}{server.log_tail()}")
+            procs = [
+                self.children.start(
+                    f"ours_api-w{workers}-r{rep}-{k}", self._worker_argv("ours_api", database, k, workers), env
+                )
+                for k in range(workers)
+            ]
+            deadline = self.deadline()
+            for proc in procs:
+                proc.expect("ready", deadline)
+            served = server.worker_pids()
+            with psycopg.connect(self.server.url(database), autocommit=True) as poller:
+                poller.execute(FLUSH_STATS)
+                before = self.server.xacts(database)
+                cpu_served = _cpu_seconds(served)
+                began = time.perf_counter()
+                for proc in procs:
+                    proc.send("go")
+                answers: list[tuple[int, bytes]] = []
+                client = threading.Thread(
+                    target=lambda: answers.extend(post_batches(server.port, token, bodies, 3)), name="api-client"
+                )
+                client.start()
+                polls = 1
+                while poller.execute(COUNT_COMPLETED, prepare=False).fetchone()[0] < self.workflows:
+                    if time.monotonic() > deadline:
+                        raise BenchError(f"ours_api: the runs did not complete in time{server.log_tail()}")
+                    time.sleep(CELERY_POLL_SECONDS)
+                    polls += 1
+                seconds = time.perf_counter() - began
+                client.join()
+                cpu_served = _cpu_seconds(served) - cpu_served
+            for proc in procs:
+                proc.send("stop")
+            cpu = sum(float(proc.expect("done", deadline).split()[1]) for proc in procs) + cpu_served
+            for proc in procs:
+                proc.wait(60)
+            check_answers(batches, answers)
+        finally:
+            server.stop()
+        self.server.wait_idle(database)
+        after = self.server.xacts(database)
+        return seconds, after[0] - before[0] - polls, after[1] - before[1], cpu
+
+    def api_ingestion(self, template: str) -> float:
+        """Events/s the event API takes alone (bench/start.py's measure_api: gunicorn with
+        API_WORKERS sync workers, token, arrays of API_BATCH, no executor), into a clone of
+        ``template``: ``max(M, 2000)`` events."""
+        from bench.start import measure_api
+
+        database = self.server.create("api_ingestion", template=template)
+        try:
+            log("event API alone: ingestion over HTTP")
+            return measure_api(
+                self.django_env(database), max(self.workflows, 2000), API_BATCH, "ingest", API_WORKERS, report=False
+            )
+        finally:
+            self.server.drop(database)
+
     def _verify(self, contender: str, database: str) -> None:
         with psycopg.connect(self.server.url(database), autocommit=True) as conn:
             rows = conn.execute(COUNT_EFFECTS).fetchone()[0]
@@ -661,7 +750,13 @@ def redis_server(children: Children) -> Iterator[str]:
 # --- report ----------------------------------------------------------------------------
 
 
-def report(samples: list[Sample], args: argparse.Namespace, machine: str, start_seconds: float | None) -> None:
+def report(
+    samples: list[Sample],
+    args: argparse.Namespace,
+    machine: str,
+    start_seconds: float | None,
+    api_rate: float | None = None,
+) -> None:
     groups: dict[tuple[str, int], Summary] = {}
     for sample in samples:
         groups.setdefault((sample.contender, sample.workers), Summary([])).samples.append(sample)
@@ -708,7 +803,12 @@ def report(samples: list[Sample], args: argparse.Namespace, machine: str, start_
             f"ours: run_start of {args.workflows} runs, one process, before timing: {start_seconds:.1f} s "
             f"({args.workflows / start_seconds:.0f} runs/s)"
         )
-    print(json.dumps(summary_json(groups, args, start_seconds, samples)))
+    if api_rate is not None:
+        print(
+            f"event API alone: {api_rate:.0f} events/s (gunicorn, {API_WORKERS} sync workers, token, "
+            f"arrays of {API_BATCH}, 3 clients, no executor)"
+        )
+    print(json.dumps(summary_json(groups, args, start_seconds, samples, api_rate)))
 
 
 def _cell(summary: Summary, metric: Callable[[Sample], float | None]) -> str:
@@ -746,6 +846,7 @@ def summary_json(
     args: argparse.Namespace,
     start_seconds: float | None,
     samples: Sequence[Sample] = (),
+    api_rate: float | None = None,
 ) -> dict[str, Any]:
     workers = 2 if 2 in args.workers else args.workers[0]
 
@@ -773,8 +874,9 @@ def summary_json(
         if other != "celery":
             result[f"{other}_cpu_ms_per_step"] = median(other, lambda s: s.cpu_ms_per_step)
     result["start_runs_per_s"] = round(args.workflows / start_seconds, 1) if start_seconds else None
+    result["api_events_per_s"] = round(api_rate, 1) if api_rate else None
     # End to end: every run's start inside the clock, as DBOS's workflow start is in its.
-    for ours, name in (("ours_e2e", "e2e"), ("ours_call_e2e", "e2e_call")):
+    for ours, name in (("ours_e2e", "e2e"), ("ours_call_e2e", "e2e_call"), ("ours_api", "e2e_api")):
         result[f"{name}_steps_per_s"] = median(ours, lambda s: s.steps_per_s)
         result[f"{name}_ratio_vs_dbos"] = (
             round(value, 3) if (value := _ratio(groups, workers, "dbos", ours)) is not None else None
@@ -843,11 +945,12 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
                         f"{sample.commits_per_step:.2f} commits/step, {sample.seconds:.2f} s"
                     )
                     samples.append(sample)
+    api_rate = bench.api_ingestion(templates["ours_api"]) if "ours_api" in contenders else None
     machine = (
         f"PostgreSQL {server.version()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
     )
-    report(samples, args, machine, start_seconds)
+    report(samples, args, machine, start_seconds, api_rate)
 
 
 def _order(contenders: list[str], rep: int) -> list[str]:

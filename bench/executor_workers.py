@@ -2,6 +2,7 @@
 
     python -m bench.executor_workers ours                    # our embedded executor (Django settings from the env)
     python -m bench.executor_workers ours_e2e --index K --workers N --workflows M   # start each run, then run it
+    python -m bench.executor_workers ours_serve              # our executor serving until "stop" on stdin
     python -m bench.executor_workers dbos --dsn URL --index K --workers N --workflows M
     python -m bench.executor_workers ceiling --dsn URL --index K --workers N --workflows M
     python -m bench.executor_workers start --workflows M     # run_start of M bench runs, before any timing
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import select
 import sys
 import time
 from typing import Any
@@ -94,6 +96,29 @@ def ours_e2e(ids: range) -> None:
         run, _ = run_start(workflow="bench", data={"id": str(i)})
         advance(run.pk)
     run_forever(until_idle=True, poll_seconds=0.05)
+    done(cpu)
+    connection.close()
+
+
+def ours_serve() -> None:
+    """Our embedded executor as ``manage.py run_executor`` serves: due runs advanced and due
+    messages delivered (``run_due``, ``publish_due``: ``run_forever``'s round), polling every 50 ms
+    while nothing is due, until the bench writes ``stop`` on stdin (bench/executor.py's ours_api,
+    whose runs arrive through the event API meanwhile)."""
+    setup_django()
+    from django.db import connection
+
+    from recovery.engine.executor import run_due
+    from recovery.engine.publisher import publish_due
+
+    with connection.cursor() as cursor:
+        cursor.execute(FLUSH_STATS)
+    cpu = ready_then_wait_for_go()
+    while True:
+        if run_due() + publish_due():
+            continue
+        if select.select([sys.stdin], [], [], 0.05)[0]:
+            break  # "stop": every run has completed
     done(cpu)
     connection.close()
 
@@ -198,7 +223,7 @@ def flush_pool_stats(engine: Any) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["ours", "ours_e2e", "start", "dbos", "ceiling"])
+    parser.add_argument("kind", choices=["ours", "ours_e2e", "ours_serve", "start", "dbos", "ceiling"])
     parser.add_argument("--dsn", help="the contender's database (dbos, ceiling)")
     parser.add_argument("--index", type=int, default=0, help="this worker's index, 0…N-1")
     parser.add_argument("--workers", type=int, default=1, help="N, the number of workers")
@@ -210,6 +235,8 @@ def main() -> None:
             ours()
         case "ours_e2e":
             ours_e2e(ids)
+        case "ours_serve":
+            ours_serve()
         case "start":
             start(args.workflows)
         case "dbos":

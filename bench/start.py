@@ -191,6 +191,17 @@ class Gunicorn:
             self.process.wait()
 
 
+def server_env(env: dict[str, str], metrics_dir: Path) -> dict[str, str]:
+    """``env`` (a Django environment) as gunicorn gets it here."""
+    return {
+        **env,
+        "DJANGO_SECURE_SSL_REDIRECT": "0",  # plain HTTP on the loopback: no TLS to redirect to
+        "DJANGO_ALLOWED_HOSTS": env.get("DJANGO_ALLOWED_HOSTS") or "127.0.0.1,localhost",
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),  # as production runs gunicorn (docs/operating.md)
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+    }
+
+
 def issue_token(env: dict[str, str], name: str, workflow: str = "bench") -> str:
     """``manage.py create_api_token NAME --workflow WORKFLOW``: the token it prints once."""
     done = subprocess.run(
@@ -303,14 +314,7 @@ def measure_api(
     with tempfile.TemporaryDirectory(prefix=f"bench-api-{prefix}-") as tmp:
         metrics_dir = Path(tmp) / "prometheus"
         metrics_dir.mkdir()
-        server_env = {
-            **env,
-            "DJANGO_SECURE_SSL_REDIRECT": "0",  # plain HTTP on the loopback: no TLS to redirect to
-            "DJANGO_ALLOWED_HOSTS": env.get("DJANGO_ALLOWED_HOSTS") or "127.0.0.1,localhost",
-            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),  # as production runs gunicorn (docs/operating.md)
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
-        }
-        server = Gunicorn(server_env, api_workers, Path(tmp) / "gunicorn.log")
+        server = Gunicorn(server_env(env, metrics_dir), api_workers, Path(tmp) / "gunicorn.log")
         try:
             server.start()
             bodies = [json.dumps(b, separators=(",", ":")).encode() for b in batches]
