@@ -45,11 +45,11 @@ ours_call_nohb  Exactly ours_call, but with the heartbeat off (BENCH_HEARTBEAT=o
          with BENCH_HEARTBEAT=on. Its purpose is the ``heartbeat cost`` below: local steps do not go
          through the heartbeat, calls do (rule 12), so ours_call pays it and this one does not.
 ours_e2e  End to end, the way DBOS is counted: nothing is started before the clock. Each of the N
-         processes takes its share of the M events (``i ≡ k mod N``) and, one at a time, starts the
-         run with ``run_start`` and advances it at once with ``executor.advance(run)``: what a
-         Celery worker does for ``start_run`` and then ``advance_run``, without the broker between
-         them (the embedded executor would find the run at its next poll instead). Then
-         ``run_forever(until_idle=True)`` for anything let go of meanwhile. Local steps, as ours.
+         processes takes its share of the M events (``i ≡ k mod N``) and, one at a time, starts and
+         advances the run with ``executor.start_and_advance``, which is what a Celery worker does
+         for ``start_run`` (the run is written already claimed by the process, so no claim
+         follows). Then ``run_forever(until_idle=True)`` for anything let go of meanwhile. Local
+         steps, as ours.
 ours_call_e2e  The same with the steps as calls, as ours_call. The JSON line's ``e2e_*`` keys and the
          "end to end" lines compare these two with DBOS, whose clock includes its workflow start.
 dbos     DBOS Transact (the ``dbos`` package, 3.x): a ``@DBOS.workflow`` calling three

@@ -80,21 +80,19 @@ def ours() -> None:
 
 
 def ours_e2e(ids: range) -> None:
-    """End to end, as a Celery worker runs ``start_run`` then ``advance_run`` (without the broker
-    between them): each event started with ``run_start``, then its run advanced at once with
-    ``executor.advance``; then the embedded loop until idle, for anything let go of meanwhile."""
+    """End to end, as a Celery worker consumes ``start_run``: each event started and advanced at
+    once with ``executor.start_and_advance`` (the run written already claimed by this process);
+    then the embedded loop until idle, for anything let go of meanwhile."""
     setup_django()
     from django.db import connection
 
-    from recovery.engine.executor import advance, run_forever
-    from recovery.engine.transitions import run_start
+    from recovery.engine.executor import run_forever, start_and_advance
 
     with connection.cursor() as cursor:
         cursor.execute(FLUSH_STATS)
     cpu = ready_then_wait_for_go()
     for i in ids:
-        run, _ = run_start(workflow="bench", data={"id": str(i)})
-        advance(run.pk)
+        start_and_advance(workflow="bench", data={"id": str(i)})
     run_forever(until_idle=True, poll_seconds=0.05)
     done(cpu)
     connection.close()

@@ -28,12 +28,16 @@ def database_backoff(retries: int) -> float:
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, ignore_result=True, max_retries=DB_RETRIES)
 def start_run(self, workflow_name: str, event: dict) -> str:
-    """Consume a business event from the queue. Redelivery (or a duplicate event) gives the
-    same run: the unique workflow id decides. Returns the workflow id. An event that arrives
-    while the database is out of reach is tried again, never dropped."""
+    """Consume a business event from the queue and run it here at once: the run is written
+    already claimed by this worker (``executor.start_and_advance``), so no ``advance_run`` task
+    and no claim follow. Redelivery (or a duplicate event) gives the same run, not advanced
+    again here: the unique workflow id decides, and the lease owns the run. Returns the
+    workflow id. An event that arrives while the database is out of reach is tried again,
+    never dropped; a run whose advance lost the database is taken over when its lease expires
+    (the sweeper queues it)."""
     try:
-        run, _ = transitions.run_start(workflow=workflow_name, data=event)
-    except (OperationalError, InterfaceError) as exc:
+        run, _ = executor.start_and_advance(workflow=workflow_name, data=event)
+    except (DatabaseUnavailable, OperationalError, InterfaceError) as exc:
         connection.close()
         raise self.retry(exc=exc, countdown=database_backoff(self.request.retries)) from exc
     return run.workflow_id

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from recovery import clock
@@ -105,6 +106,21 @@ def advance(run_pk: int, *, owner: str | None = None) -> str | None:
     except (OperationalError, InterfaceError) as exc:
         raise database_unavailable(exc, f"run {run_pk}") from exc
     return None if lease is None else _advance_claimed(lease)
+
+
+def start_and_advance(
+    *, workflow: str, data: Any, owner: str | None = None, actor: AbstractBaseUser | str | None = None
+) -> tuple[WorkflowRun, str | None]:
+    """Start the event's run and advance it here at once, as far as it can go now: the run is
+    written already claimed by this executor (``transitions.run_start_claimed``), so no claim
+    follows. Returns the run and its state when this executor let go of it. A repeated event
+    gives its run as it is, with None: it is not advanced here (whoever holds it, or claims it
+    when it is due, does)."""
+    try:
+        run, lease = transitions.run_start_claimed(workflow=workflow, data=data, owner=owner, actor=actor)
+    except (OperationalError, InterfaceError) as exc:
+        raise database_unavailable(exc, f"the start of a {workflow} run") from exc
+    return run, None if lease is None else _advance_claimed(lease)
 
 
 def _advance_claimed(lease: Lease) -> str | None:

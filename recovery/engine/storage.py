@@ -310,22 +310,28 @@ def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fiel
     return sql, tuple(run_fields), tuple(step_fields)
 
 
-def start(run: models.Model, steps: list[models.Model], audit_values: dict[str, Any]) -> int | None:
+def start(
+    run: models.Model, steps: list[models.Model], events: list[dict[str, Any]]
+) -> tuple[int, dict[int, int]] | None:
     """PostgreSQL only: a run's start as one statement (one round trip, its own transaction in
-    autocommit) — the run (unless one with its workflow id exists), its steps and its start
-    event (``audit_values`` without ``run``), each written only with the one before. Returns
-    the new run's id, or None if the workflow id was taken: then nothing was written."""
+    autocommit) — the run (unless one with its workflow id exists), its steps and its audit
+    events (each without ``run``, all with the same columns; chained in this order), each
+    written only with the one before. Returns the new run's id and its steps' ids by position,
+    or None if the workflow id was taken: then nothing was written."""
     connection = connections[DEFAULT_DB_ALIAS]
-    audit_names = tuple(sorted(audit_values))
-    sql, run_fields, step_fields, audit_fields = _start_sql(len(steps), audit_names)
-    params = _row(connection, run, run_fields)
+    audit_names = tuple(sorted(events[0]))
+    sql, run_fields, step_fields, audit_fields = _start_sql(len(steps), len(events), audit_names)
+    params = _row(connection, run, run_fields)  # in the statement's order: the run, its events, its steps
+    for event in events:
+        params.extend(_params(connection, audit_names, audit_fields, event))
     for step in steps:
         params.extend(_row(connection, step, step_fields))
-    params.extend(_params(connection, audit_names, audit_fields, audit_values))
     with _cursor(connection) as cursor:
         cursor.execute(sql, params)
-        found = cursor.fetchone()
-    return None if found is None else found[0]
+        found = cursor.fetchall()
+    if not found:
+        return None
+    return found[0][0], {position: pk for _, pk, position in found}
 
 
 def _row(connection, obj: models.Model, columns: Columns) -> list[Any]:
@@ -343,7 +349,7 @@ def _written(model: type[models.Model], *, without: str) -> Columns:
 
 
 @cache
-def _start_sql(steps: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, Columns, Columns]:
+def _start_sql(steps: int, events: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, Columns, Columns]:
     from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
@@ -355,18 +361,22 @@ def _start_sql(steps: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, 
     def names(columns: Columns) -> str:
         return ", ".join(quote(field.column) for field, _ in columns)
 
-    def typed(columns: Columns) -> str:
+    def rows(columns: Columns, count: int) -> str:
         # Typed placeholders: in INSERT … SELECT, an untyped literal would be taken as text.
-        return ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in columns)
+        typed = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in columns)
+        return ", ".join([f"({typed})"] * count)
 
-    step_rows = ", ".join(f"({typed(step_fields)})" for _ in range(steps))
+    # The events are chained in the order the database inserts them (the chain trigger reads the
+    # run's last event), which is the order of their VALUES rows: there is one new run.
     sql = (
         f"WITH new_run AS (INSERT INTO {quote(WorkflowRun._meta.db_table)} ({names(run_fields)}) "
         f"VALUES ({', '.join(['%s'] * len(run_fields))}) "
         f'ON CONFLICT ("workflow_id") DO NOTHING RETURNING "id"), '
-        f"new_steps AS (INSERT INTO {quote(StepExecution._meta.db_table)} "
-        f'("run_id", {names(step_fields)}) SELECT new_run."id", v.* FROM new_run, (VALUES {step_rows}) AS v) '
-        f'INSERT INTO {quote(AuditEvent._meta.db_table)} ("run_id", {names(audit_fields)}) '
-        f'SELECT new_run."id", {typed(audit_fields)} FROM new_run RETURNING "run_id"'
+        f"new_events AS (INSERT INTO {quote(AuditEvent._meta.db_table)} "
+        f'("run_id", {names(audit_fields)}) SELECT new_run."id", e.* '
+        f"FROM new_run, (VALUES {rows(audit_fields, events)}) AS e) "
+        f"INSERT INTO {quote(StepExecution._meta.db_table)} "
+        f'("run_id", {names(step_fields)}) SELECT new_run."id", v.* '
+        f'FROM new_run, (VALUES {rows(step_fields, steps)}) AS v RETURNING "run_id", "id", "position"'
     )
     return sql, run_fields, step_fields, audit_fields

@@ -211,7 +211,7 @@ def test_a_celery_task_that_cannot_reach_the_database_is_retried_not_acknowledge
 
 def test_an_event_consumed_while_the_database_is_out_of_reach_is_retried_not_dropped(monkeypatch):
     calls = []
-    real = transitions.run_start
+    real = transitions.run_start_claimed
 
     def run_start_once_down(**kwargs):
         calls.append(kwargs["data"]["order_id"])
@@ -219,7 +219,7 @@ def test_an_event_consumed_while_the_database_is_out_of_reach_is_retried_not_dro
             raise OperationalError("connection refused")
         return real(**kwargs)
 
-    monkeypatch.setattr(tasks.transitions, "run_start", run_start_once_down)
+    monkeypatch.setattr(transitions, "run_start_claimed", run_start_once_down)
     monkeypatch.setattr(tasks, "database_backoff", lambda retries: 0)
     result = tasks.start_run.apply(args=["test_orders", {"tenant": "win", "order_id": "q-1"}])
     assert result.successful() and calls == ["q-1", "q-1"]

@@ -2,7 +2,8 @@
 steps and its start event, one round trip), every database can start it in a transaction of
 three. Here twin events are started on both paths and the rows they leave are compared field
 by field; a repeated event writes nothing on either, and the engine's start saves no version
-of the run (the start event says who started it)."""
+of the run (the start event says who started it). A start claimed by the executor that will run
+it (``run_start_claimed``) leaves exactly the rows of a start followed by a claim."""
 
 from io import StringIO
 from typing import Any
@@ -13,10 +14,13 @@ from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from recovery.engine import dispatch
-from recovery.engine.transitions import run_start, runs
+from recovery import tasks
+from recovery.engine import dispatch, executor
+from recovery.engine.transitions import run_claim, run_start, run_start_claimed, runs
 from recovery.errors import StartConflict
-from recovery.models import AuditEvent, RunSearch, StepExecution, WorkflowRun
+from recovery.models import AuditEvent, RunSearch, RunState, StepExecution, WorkflowRun
+from tests.support import receivers
+from tests.support.engine import crash_at, drive
 
 pytestmark = pytest.mark.django_db
 
@@ -107,3 +111,84 @@ def test_under_celery_a_start_is_stamped_with_its_insert_and_queued_after_commit
     assert WorkflowRun.objects.get(pk=run.pk).dispatched_at is not None
     run_start(workflow="test_orders", data=event("queued"))
     assert sent == [run.pk]  # a repeated event queues nothing
+
+
+@pytest.fixture(params=["one statement", "transaction"])
+def path(request, monkeypatch):
+    if request.param == "transaction":
+        monkeypatch.setattr(runs, "_insert_in_one_statement", runs._insert_in_transaction)
+    elif connection.vendor != "postgresql":
+        pytest.skip("the one-statement start is PostgreSQL's (set DATABASE_URL=postgres://…)")
+    return request.param
+
+
+def test_a_claimed_start_leaves_the_rows_of_a_start_then_a_claim(clock, path):
+    started, _ = run_start(workflow="test_orders", data=event("then-claimed"))
+    lease = run_claim(run_pk=started.pk, owner="executor-7")
+    claimed, own = run_start_claimed(workflow="test_orders", data=event("claimed"), owner="executor-7")
+
+    assert rows(claimed) == rows(started)
+    run, steps, audit = rows(claimed)
+    assert (run["state"], run["lease_owner"], run["lease_generation"]) == (RunState.RUNNING, "executor-7", 1)
+    assert [(a["action"], a["before"], a["after"]) for a in audit] == [
+        ("start", {}, {"run": "pending"}),
+        ("claim", {"run": "pending"}, {"run": "running", "lease_owner": "executor-7"}),
+    ]
+    # The lease carries the executor's copy, as a claim's does: no read before the first step.
+    assert (own.owner, own.generation, own.taken_over) == (lease.owner, lease.generation, lease.taken_over)
+    assert fields(own.seen["run"], RUN_OWN) == run
+    assert [fields(s, STEP_OWN) for s in own.seen["steps"].values()] == steps
+    assert [s.pk for s in own.seen["steps"].values()] == list(
+        claimed.steps.order_by("position").values_list("pk", flat=True)
+    )
+    call_command("verify_audit", stdout=StringIO())  # start, then claim, chained in that order
+
+
+def test_a_claimed_start_of_a_repeated_event_claims_nothing(clock, path):
+    first, _ = run_start(workflow="test_orders", data=event("seen"))
+    events = AuditEvent.objects.count()
+    again, lease = run_start_claimed(workflow="test_orders", data=event("seen"), owner="executor-7")
+    assert (again.pk, lease) == (first.pk, None)
+    assert WorkflowRun.objects.get(pk=first.pk).state == RunState.PENDING
+    assert AuditEvent.objects.count() == events
+    with pytest.raises(StartConflict):
+        run_start_claimed(workflow="test_orders", data={**event("seen"), "text": "travel 10"})
+
+
+def test_start_and_advance_runs_the_event_to_its_end_with_one_claim(clock, path):
+    run, state = executor.start_and_advance(workflow="test_orders", data=event("here"), owner="executor-7")
+    assert state == RunState.COMPLETED
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+    actions = list(run.audit_events.order_by("id").values_list("action", flat=True))
+    assert actions[:2] == ["start", "claim"] and actions.count("claim") == 1
+    call_command("verify_audit", stdout=StringIO())
+
+
+def test_a_worker_that_dies_after_a_claimed_start_leaves_the_run_to_its_lease(clock, monkeypatch, path):
+    """The run is written claimed: nobody else takes it while the lease lives, and once it
+    expires another executor takes it over and finishes it, each effect made once."""
+    crash_at(
+        monkeypatch,
+        "create_task:before_call",
+        lambda: executor.start_and_advance(workflow="test_orders", data=event("dies"), owner="dying"),
+    )
+    run = WorkflowRun.objects.get(workflow_id="order:t:dies")
+    assert run.lease_owner == "dying"
+    assert executor.advance(run.pk, owner="other") is None  # the lease still lives
+    clock.advance(3600)
+    assert drive(run, clock).state == RunState.COMPLETED
+    assert run.audit_events.filter(action="lease_takeover").count() == 1
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_celery_start_run_runs_the_event_without_queueing_an_advance(clock, settings, monkeypatch):
+    sent = []
+    monkeypatch.setitem(dispatch._senders, "run", sent.append)
+    settings.RECOVERY_EXECUTOR = "celery"
+    assert tasks.start_run.apply(args=["test_orders", event("celery")]).successful()
+    run = WorkflowRun.objects.get(workflow_id="order:t:celery")
+    assert run.state == RunState.COMPLETED and sent == []
+    assert tasks.start_run.apply(args=["test_orders", event("celery")]).successful()  # redelivered
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}
+    assert WorkflowRun.objects.count() == 1

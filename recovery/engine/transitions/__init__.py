@@ -74,7 +74,16 @@ from .outbox import (
     step_enqueue,
 )
 from .perform import perform
-from .runs import Started, run_complete, run_release, run_review, run_start, run_start_many, run_wait
+from .runs import (
+    Started,
+    run_complete,
+    run_release,
+    run_review,
+    run_start,
+    run_start_claimed,
+    run_start_many,
+    run_wait,
+)
 from .steps import (
     step_await_settle,
     step_begin,
@@ -153,6 +162,7 @@ __all__ = [
     "run_resume",
     "run_review",
     "run_start",
+    "run_start_claimed",
     "run_start_many",
     "Started",
     "run_terminate",

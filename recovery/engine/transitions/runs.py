@@ -14,9 +14,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 
 from recovery import clock, tracing
-from recovery.engine import dispatch, storage
+from recovery.engine import dispatch, metrics, storage
 from recovery.errors import StartConflict
-from recovery.models import RunState, StepExecution, WorkflowRun
+from recovery.models import AuditEvent, RunState, StepExecution, WorkflowRun
 from recovery.workflow import Workflow, get_workflow, idempotency_key, payload_hash
 
 from ._core import (
@@ -28,11 +28,14 @@ from ._core import (
     _audit_many,
     _audit_row,
     _check,
+    _copy,
     _locked_run,
     _observed,
     _release_into,
+    _renew,
     _save_run,
     _snap,
+    default_owner,
 )
 from .tables import RUN_TRANSITIONS
 
@@ -55,53 +58,111 @@ def run_start(
     (owner, until), only that executor claims the new run until then, or until it releases it
     (``runs_release_reservation``); an existing run is returned as it is.
     """
+    run, steps = _start(workflow, data, actor, now, reserve=reserve)
+    return run, steps is not None
+
+
+def run_start_claimed(
+    *,
+    workflow: Workflow | str,
+    data: Any,
+    owner: str | None = None,
+    actor: AbstractBaseUser | str | None = None,
+    now: datetime | None = None,
+) -> tuple[WorkflowRun, Lease | None]:
+    """``run_start``, with the new run claimed by ``owner`` (default: this process) as it is
+    written: the start and the claim an executor would make next, with both their audit events,
+    in one write. For a process that runs what it starts (``executor.start_and_advance``). The
+    lease is None when the event's run existed already: it is returned as it is, for whoever
+    holds it or may claim it."""
+    owner = owner or default_owner()
+    run, steps = _start(workflow, data, actor, now, owner=owner)
+    if steps is None:
+        return run, None
+    return run, Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation, seen=_copy(run, steps))
+
+
+def _start(
+    workflow: Workflow | str,
+    data: Any,
+    actor: AbstractBaseUser | str | None,
+    now: datetime | None,
+    *,
+    reserve: tuple[str, datetime] | None = None,
+    owner: str | None = None,
+) -> tuple[WorkflowRun, list[StepExecution] | None]:
+    """The run of the event, and its steps if this call created it (None: it existed)."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     event = _event(wf, data)
     now = now or clock.now()
     run = _new_run(wf, event, now, reserve)
+    events = [("start", actor, {}, _snap(run))]
+    if owner is not None:  # the claim's changes (storage.claim, leases._claim), from the start
+        before = _snap(run)
+        run.state = _check(RUN_TRANSITIONS, "claim", run.state, "run")
+        run.lease_owner, run.lease_generation, run.revision = owner, 1, 1
+        _renew(run, now)
+        events.append(("claim", None, before, {**_snap(run), "lease_owner": owner}))
     with transaction.atomic() if dispatch.queues() else nullcontext():
-        created = _insert(wf, run, actor, now)
-        if created and reserve is None:  # a reserved run is driven by the executor it is reserved for
-            dispatch.enqueue_run(run.pk)
-    if not created:
+        steps = _insert(run, _new_steps(wf, run, now), events, now)
+        if steps is not None and reserve is None and owner is None:
+            dispatch.enqueue_run(run.pk)  # a reserved or claimed run is driven by its executor
+    if steps is None:
         run = WorkflowRun.objects.get(workflow_id=event.workflow_id)
         if run.input_hash != event.input_hash:
             raise _conflict(event.workflow_id)
-    return run, created
+        return run, None
+    for action, actor_, _, after in events:
+        _observed(run, action, "", after, _actor_fields(actor_)["actor"])
+    if owner is not None:
+        metrics.claimed(run.workflow_name, due_at=now, now=now)
+    return run, steps
 
 
-def _insert(wf: Workflow, run: WorkflowRun, actor: AbstractBaseUser | str | None, now: datetime) -> bool:
-    """Write a new run, its steps and its start event, unless a run with its workflow id exists
-    (then nothing): True if written. The engine's insert saves no version of the run; the start
-    event says who started it (see _history_user)."""
+# An audit event of a start: (action, actor, before, after).
+_StartEvent = tuple[str, AbstractBaseUser | str | None, dict, dict]
+
+
+def _insert(
+    run: WorkflowRun, steps: list[StepExecution], events: list[_StartEvent], now: datetime
+) -> list[StepExecution] | None:
+    """Write a new run, its steps and its audit events, unless a run with its workflow id exists
+    (then nothing, and None). The engine's insert saves no version of the run: the start event
+    says who started it (see _history_user)."""
     insert = _insert_in_one_statement if connection.vendor == "postgresql" else _insert_in_transaction
-    return insert(run, _new_steps(wf, run, now), actor, now)
+    return steps if insert(run, steps, events, now) else None
 
 
 def _insert_in_one_statement(
-    run: WorkflowRun, steps: list[StepExecution], actor: AbstractBaseUser | str | None, now: datetime
+    run: WorkflowRun, steps: list[StepExecution], events: list[_StartEvent], now: datetime
 ) -> bool:
     """PostgreSQL: one round trip (storage.start)."""
-    row = _audit_row(run, "start", _actor_fields(actor), "", "", {}, _snap(run), now)
-    del row["run_id"]
-    pk = storage.start(run, steps, row)
-    if pk is None:
+    rows = []
+    for action, actor, before, after in events:
+        row = _audit_row(run, action, _actor_fields(actor), "", "", before, after, now)
+        del row["run_id"]
+        rows.append(row)
+    written = storage.start(run, steps, rows)
+    if written is None:
         return False
-    run.pk = pk
-    run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS
-    _observed(run, "start", "", _snap(run), row["actor"])
+    run.pk, step_pks = written
+    for obj in (run, *steps):
+        obj._state.adding, obj._state.db = False, DEFAULT_DB_ALIAS
+    for step in steps:
+        step.pk, step.run_id = step_pks[step.position], run.pk
     return True
 
 
 def _insert_in_transaction(
-    run: WorkflowRun, steps: list[StepExecution], actor: AbstractBaseUser | str | None, now: datetime
+    run: WorkflowRun, steps: list[StepExecution], events: list[_StartEvent], now: datetime
 ) -> bool:
-    """Any database: three statements in a transaction; the unique workflow id refuses a second run."""
+    """Any database: a transaction of inserts; the unique workflow id refuses a second run."""
     try:
         with transaction.atomic():
             WorkflowRun.objects.bulk_create([run])
             StepExecution.objects.bulk_create(steps)
-            _audit(run, "start", actor=actor, before={}, after=_snap(run), now=now)
+            for action, actor, before, after in events:
+                storage.insert(AuditEvent, _audit_row(run, action, _actor_fields(actor), "", "", before, after, now))
     except IntegrityError:
         return False
     return True
