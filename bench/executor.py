@@ -202,7 +202,7 @@ FINISHED = {
     "ceiling": "SELECT count(*) FILTER (WHERE succeeded = 3), count(*) FROM "
     "(SELECT count(*) FILTER (WHERE state = 'succeeded') AS succeeded FROM bench_checkpoint GROUP BY run) AS runs",
 }
-CELERY_POLL_SECONDS = 0.02
+POLL_SECONDS = 0.02  # how often the parent counts what Celery, or ours_api, has done
 
 
 class BenchError(Exception):
@@ -599,13 +599,7 @@ class Bench:
             before = self.server.xacts(database)
             began = time.perf_counter()
             executor_celery.app.control.add_consumer(executor_celery.QUEUE, destination=[node], reply=True, timeout=5)
-            polls = 1
-            # Unprepared: psycopg's server-side prepare would be one more transaction.
-            while poller.execute(COUNT_EFFECTS, prepare=False).fetchone()[0] < self.steps:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"Celery did not write {self.steps} rows in time{worker.log_tail()}")
-                time.sleep(CELERY_POLL_SECONDS)
-                polls += 1
+            polls = poll(poller, COUNT_EFFECTS, self.steps, deadline, f"Celery's {self.steps} rows", worker.log_tail)
             seconds = time.perf_counter() - began
         worker.stop()
         self.server.wait_idle(database)
@@ -672,12 +666,7 @@ class Bench:
                     target=lambda: answers.extend(post_batches(server.port, token, bodies, 3)), name="api-client"
                 )
                 client.start()
-                polls = 1
-                while poller.execute(COUNT_COMPLETED, prepare=False).fetchone()[0] < self.workflows:
-                    if time.monotonic() > deadline:
-                        raise BenchError(f"ours_api: the runs did not complete in time{server.log_tail()}")
-                    time.sleep(CELERY_POLL_SECONDS)
-                    polls += 1
+                polls = poll(poller, COUNT_COMPLETED, self.workflows, deadline, "ours_api's runs", server.log_tail)
                 seconds = time.perf_counter() - began
                 client.join()
                 cpu_served = _cpu_seconds(served) - cpu_served
@@ -719,6 +708,18 @@ class Bench:
                     raise BenchError(
                         f"{contender}: {finished} of {total} workflows finished, expected {self.workflows}"
                     )
+
+
+def poll(conn: psycopg.Connection, count_sql: str, target: int, deadline: float, what: str, tail: Callable) -> int:
+    """Until ``count_sql`` counts ``target``, every POLL_SECONDS; returns the queries it ran (each one
+    transaction, unprepared: psycopg's server-side prepare would be one more)."""
+    polls = 1
+    while conn.execute(count_sql, prepare=False).fetchone()[0] < target:
+        if time.monotonic() > deadline:
+            raise BenchError(f"{what}: not done in time{tail()}")
+        time.sleep(POLL_SECONDS)
+        polls += 1
+    return polls
 
 
 @contextmanager

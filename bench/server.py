@@ -32,6 +32,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def gunicorn_argv(port: int, workers: int, *options: str) -> list[str]:
+    """``gunicorn config.wsgi`` with ``workers`` sync workers on 127.0.0.1:``port``."""
+    return [
+        GUNICORN,
+        "config.wsgi:application",
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        str(workers),
+        "--worker-class",
+        "sync",
+        *options,
+        "--log-level",
+        "warning",
+    ]
+
+
 def create_supervisor(db_url: str, username: str = "bench-supervisor") -> tuple[str, str]:
     """``manage.py createoperator USERNAME --group supervisor --password …``; (username, password)."""
     password = secrets.token_urlsafe(16)
@@ -54,20 +71,7 @@ class Server:
         self.port = free_port()
         log = open(self.log_dir / f"gunicorn-{self.port}.log", "w")  # noqa: SIM115 - closed with the process
         env = django_env(self.db_url, DJANGO_SETTINGS_MODULE="bench.console_settings", **self.env)
-        argv = [
-            GUNICORN,
-            "config.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{self.port}",
-            "--workers",
-            str(self.workers),
-            "--worker-class",
-            "sync",
-            "--timeout",
-            "0",  # a long export is not a hung worker
-            "--log-level",
-            "warning",
-        ]
+        argv = gunicorn_argv(self.port, self.workers, "--timeout", "0")  # a long export is not a hung worker
         self.process = subprocess.Popen(
             argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

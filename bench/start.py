@@ -44,7 +44,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,8 +56,10 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the ``bench`` namespace package, also when run as bench/start.py
+from bench.server import free_port, gunicorn_argv  # noqa: E402
+
 PY = sys.executable
-GUNICORN = str(Path(PY).with_name("gunicorn"))
 MANAGE = str(ROOT / "manage.py")
 READY_TIMEOUT = 120.0  # seconds gunicorn has to answer /healthz with all its workers
 API_CLIENTS = 3  # concurrent connections that keep two sync workers busy (see the docstring)
@@ -85,12 +86,6 @@ print(events / (time.perf_counter() - began))
 
 class ApiBenchError(RuntimeError):
     """The API measurement could not be made or its answers were wrong."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _children(pid: int) -> list[int]:
@@ -141,18 +136,7 @@ class Gunicorn:
 
     def start(self) -> Gunicorn:
         self.port = free_port()
-        argv = [
-            GUNICORN,
-            "config.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{self.port}",
-            "--workers",
-            str(self.workers),
-            "--worker-class",
-            "sync",
-            "--log-level",
-            "warning",
-        ]
+        argv = gunicorn_argv(self.port, self.workers)
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
                 argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -112,8 +112,8 @@ def _start(
         if run.input_hash != event.input_hash:
             raise _conflict(event.workflow_id)
         return run, None
-    for action, actor_, _, after in events:
-        _observed(run, action, "", after, _actor_fields(actor_)["actor"])
+    for action, who, _, after in events:
+        _observed(run, action, "", after, _actor_fields(who)["actor"])
     if owner is not None:
         metrics.claimed(run.workflow_name, due_at=now, now=now)
     return run, steps
