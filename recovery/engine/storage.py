@@ -339,7 +339,7 @@ def _row(connection, obj: models.Model, columns: Columns) -> list[Any]:
     return _params(connection, names, columns, {name: getattr(obj, name) for name in names})
 
 
-def _written(model: type[models.Model], *, without: str) -> Columns:
+def _written(model: type[models.Model], *, without: str = "") -> Columns:
     """The columns an insert of ``model`` writes: every concrete field but its id, ``without``
     and those the database fills in."""
     fields = [
@@ -354,7 +354,7 @@ def _start_sql(steps: int, events: int, audit_names: tuple[str, ...]) -> tuple[s
 
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
-    run_fields = _written(WorkflowRun, without="")
+    run_fields = _written(WorkflowRun)
     step_fields = _written(StepExecution, without="run")
     audit_fields = _columns(AuditEvent, audit_names)
 
