@@ -45,10 +45,22 @@ def rows(run: WorkflowRun) -> tuple[dict, list[dict], list[dict]]:
     return fields(run, RUN_OWN), steps, audit
 
 
+ONE_STATEMENT_SKIP = "the one-statement start is PostgreSQL's (set DATABASE_URL=postgres://…)"
+
+
 @pytest.fixture
 def postgresql():
     if connection.vendor != "postgresql":
-        pytest.skip("the one-statement start is PostgreSQL's (set DATABASE_URL=postgres://…)")
+        pytest.skip(ONE_STATEMENT_SKIP)
+
+
+@pytest.fixture(params=["one statement", "transaction"])
+def path(request, monkeypatch):
+    if request.param == "transaction":
+        monkeypatch.setattr(runs, "_insert_in_one_statement", runs._insert_in_transaction)
+    elif connection.vendor != "postgresql":
+        pytest.skip(ONE_STATEMENT_SKIP)
+    return request.param
 
 
 @pytest.mark.parametrize("actor", [None, "api-client"])
@@ -77,12 +89,7 @@ def test_a_start_on_postgresql_is_one_statement(postgresql, clock):
     assert len(captured) == 1, [q["sql"][:80] for q in captured]
 
 
-@pytest.mark.parametrize("path", ["one statement", "transaction"])
-def test_a_repeated_event_writes_nothing_and_another_input_is_a_conflict(clock, monkeypatch, path):
-    if path == "transaction":
-        monkeypatch.setattr(runs, "_insert_in_one_statement", runs._insert_in_transaction)
-    elif connection.vendor != "postgresql":
-        pytest.skip("the one-statement start is PostgreSQL's (set DATABASE_URL=postgres://…)")
+def test_a_repeated_event_writes_nothing_and_another_input_is_a_conflict(clock, path):
     first, _ = run_start(workflow="test_orders", data=event("again"))
     counts = (WorkflowRun.objects.count(), StepExecution.objects.count(), AuditEvent.objects.count())
 
@@ -111,15 +118,6 @@ def test_under_celery_a_start_is_stamped_with_its_insert_and_queued_after_commit
     assert WorkflowRun.objects.get(pk=run.pk).dispatched_at is not None
     run_start(workflow="test_orders", data=event("queued"))
     assert sent == [run.pk]  # a repeated event queues nothing
-
-
-@pytest.fixture(params=["one statement", "transaction"])
-def path(request, monkeypatch):
-    if request.param == "transaction":
-        monkeypatch.setattr(runs, "_insert_in_one_statement", runs._insert_in_transaction)
-    elif connection.vendor != "postgresql":
-        pytest.skip("the one-statement start is PostgreSQL's (set DATABASE_URL=postgres://…)")
-    return request.param
 
 
 def test_a_claimed_start_leaves_the_rows_of_a_start_then_a_claim(clock, path):
