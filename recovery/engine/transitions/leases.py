@@ -201,6 +201,17 @@ def _lease(run: WorkflowRun, steps: Iterable[StepExecution], *, taken_over: bool
     )
 
 
+def _take_lease(run: WorkflowRun, owner: str, now: datetime) -> None:
+    """A claim's changes to the run, in memory (the caller saves them, which bumps its revision):
+    the state the transitions' table gives, a new lease for ``owner``, no wake-up time."""
+    run.state = _check(RUN_TRANSITIONS, _claim_kind(run.state), run.state, "run")
+    run.lease_owner = owner
+    run.lease_generation += 1
+    run.next_wake_at = None
+    run.dispatched_at = None  # the queued task (if any) is consumed: the sweeper may queue another
+    _renew(run, now)
+
+
 def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
     if run is None:
         return None
@@ -210,12 +221,7 @@ def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
     action = "lease_takeover" if takeover else "claim"
     if takeover:
         before["lease_owner"] = run.lease_owner
-    run.state = _check(RUN_TRANSITIONS, _claim_kind(run.state), run.state, "run")
-    run.lease_owner = owner
-    run.lease_generation += 1
-    run.next_wake_at = None
-    run.dispatched_at = None  # the queued task (if any) is consumed: the sweeper may queue another
-    _renew(run, now)
+    _take_lease(run, owner, now)
     _save_run(run, [*RUN_LEASE_FIELDS, "dispatched_at"], now)
     _audit(run, action, actor=None, before=before, after={**_snap(run), "lease_owner": owner}, now=now)
     metrics.claimed(run.workflow_name, due_at=due_at, now=now)

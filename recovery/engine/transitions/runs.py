@@ -32,11 +32,11 @@ from ._core import (
     _locked_run,
     _observed,
     _release_into,
-    _renew,
     _save_run,
     _snap,
     default_owner,
 )
+from .leases import _take_lease
 from .tables import RUN_TRANSITIONS
 
 # --- starting a run --------------------------------------------------------------------
@@ -97,11 +97,10 @@ def _start(
     now = now or clock.now()
     run = _new_run(wf, event, now, reserve)
     events = [("start", actor, {}, _snap(run))]
-    if owner is not None:  # the claim's changes (storage.claim, leases._claim), from the start
+    if owner is not None:  # a claim's changes, written with the start
         before = _snap(run)
-        run.state = _check(RUN_TRANSITIONS, "claim", run.state, "run")
-        run.lease_owner, run.lease_generation, run.revision = owner, 1, 1
-        _renew(run, now)
+        _take_lease(run, owner, now)
+        run.revision += 1  # as the claim's save bumps it
         events.append(("claim", None, before, {**_snap(run), "lease_owner": owner}))
     with transaction.atomic() if dispatch.queues() else nullcontext():
         steps = _insert(run, _new_steps(wf, run, now), events, now)
