@@ -96,12 +96,12 @@ def _start(
     event = _event(wf, data)
     now = now or clock.now()
     run = _new_run(wf, event, now, reserve)
-    events = [("start", actor, {}, _snap(run))]
+    events = [("start", _actor_fields(actor), {}, _snap(run))]
     if owner is not None:  # a claim's changes, written with the start
         before = _snap(run)
         _take_lease(run, owner, now)
         run.revision += 1  # as the claim's save bumps it
-        events.append(("claim", None, before, {**_snap(run), "lease_owner": owner}))
+        events.append(("claim", _actor_fields(None), before, {**_snap(run), "lease_owner": owner}))
     with transaction.atomic() if dispatch.queues() else nullcontext():
         steps = _insert(run, _new_steps(wf, run, now), events, now)
         if steps is not None and reserve is None and owner is None:
@@ -112,14 +112,14 @@ def _start(
             raise _conflict(event.workflow_id)
         return run, None
     for action, who, _, after in events:
-        _observed(run, action, "", after, _actor_fields(who)["actor"])
+        _observed(run, action, "", after, who["actor"])
     if owner is not None:
         metrics.claimed(run.workflow_name, due_at=now, now=now)
     return run, steps
 
 
-# An audit event of a start: (action, actor, before, after).
-_StartEvent = tuple[str, AbstractBaseUser | str | None, dict, dict]
+# An audit event of a start: (action, who (_actor_fields), before, after).
+_StartEvent = tuple[str, dict[str, Any], dict, dict]
 
 
 def _insert(
@@ -137,8 +137,8 @@ def _insert_in_one_statement(
 ) -> bool:
     """PostgreSQL: one round trip (storage.start)."""
     rows = []
-    for action, actor, before, after in events:
-        row = _audit_row(run, action, _actor_fields(actor), "", "", before, after, now)
+    for action, who, before, after in events:
+        row = _audit_row(run, action, who, "", "", before, after, now)
         del row["run_id"]
         rows.append(row)
     written = storage.start(run, steps, rows)
@@ -160,8 +160,8 @@ def _insert_in_transaction(
         with transaction.atomic():
             WorkflowRun.objects.bulk_create([run])
             StepExecution.objects.bulk_create(steps)
-            for action, actor, before, after in events:
-                storage.insert(AuditEvent, _audit_row(run, action, _actor_fields(actor), "", "", before, after, now))
+            for action, who, before, after in events:
+                storage.insert(AuditEvent, _audit_row(run, action, who, "", "", before, after, now))
     except IntegrityError:
         return False
     return True
