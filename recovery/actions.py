@@ -69,6 +69,8 @@ ACTIONS: dict[str, OperatorAction] = {
         OperatorAction("decide_again", "ask the model again", "supersede", "decision_supersede", StepArg.REQUIRED),
         OperatorAction("override", "accept the refused proposal", "override", "step_override", StepArg.REQUIRED),
         OperatorAction("snooze_alert", "snooze its alert", "snooze", "alert_snooze"),
+        OperatorAction("stop_agent", "stop the agent", "stop_agent", "agent_stop", StepArg.REQUIRED),
+        OperatorAction("fork_agent", "fork the agent from this turn", "fork_agent", "agent_fork", StepArg.REQUIRED),
     )
 }
 

@@ -4,7 +4,7 @@ warns about a step that acts on a model's decision unguarded."""
 from django.conf import settings
 from django.core import checks
 
-from recovery.workflow import Reconcile, Rerun, StepSpec, all_workflows
+from recovery.workflow import Reconcile, Rerun, StepSpec, ToolSpec, all_workflows
 
 
 @checks.register()
@@ -13,7 +13,7 @@ def check_recovery_contracts(app_configs=None, **kwargs) -> list[checks.CheckMes
     for workflow in all_workflows():
         if not workflow.steps:
             errors.append(checks.Error(f"workflow {workflow.name!r} declares no steps", id="recovery.E001"))
-        for spec in workflow.steps:
+        for spec in [*workflow.steps, *workflow.tools.values()]:  # a tool's contract is a step's
             where = f"{workflow.name}.{spec.name}"
             if spec.rerun != Rerun.YES and spec.reconcile is None:
                 errors.append(
@@ -57,16 +57,17 @@ def check_recovery_contracts(app_configs=None, **kwargs) -> list[checks.CheckMes
             errors += _check_timing(where, spec)
             if workflow.acts_on_decision(spec) and not workflow.guards_for(spec):
                 model_step = workflow.decision_before(spec)
+                what = "an agent's model" if isinstance(spec, ToolSpec) else model_step.name if model_step else None
                 errors.append(
                     checks.Warning(
-                        f"{where} acts on the decision of {model_step.name if model_step else 'a model step'} "
+                        f"{where} acts on the decision of {what or 'a model step'} "
                         "and declares no guard: whatever the model proposes is sent as it is",
                         hint=f"declare @{spec.name}.guard(rule) (or @{workflow.name}.guard) to check the decision "
                         "against your rules and the current state before anything is written",
                         id="recovery.W001",
                     )
                 )
-        known = {spec.name for spec in workflow.steps}
+        known = {spec.name for spec in workflow.steps} | set(workflow.tools)
         for guard in workflow.guards:
             unknown = sorted(set(guard.steps or ()) - known)
             if unknown:

@@ -161,7 +161,7 @@ class StepExecution(models.Model):
     history = HistoricalRecords()
 
     class Meta:
-        ordering = ["run", "position"]
+        ordering = ["run", "position", "id"]
         constraints = [
             models.UniqueConstraint(fields=["run", "step_name"], name="one_execution_per_step"),
             models.UniqueConstraint(fields=["idempotency_key"], name="step_idempotency_key_unique"),
@@ -174,6 +174,12 @@ class StepExecution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}:{self.step_name}"
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Where the step stands in its run: its workflow position, then the order rows were
+        written in (an agent's journal rows share their agent's position)."""
+        return (self.position, self.pk or 0)
 
 
 class DecisionState(models.TextChoices):

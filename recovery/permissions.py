@@ -32,6 +32,8 @@ REQUIRED_ROLE: dict[str, Role] = {
     "supersede": Role.SUPERVISOR,  # replace a model's decision (edited, or asked again)
     "override": Role.SUPERVISOR,  # accept a proposal a guard refused
     "snooze": Role.SUPERVISOR,  # silence a stuck run's alert, with a reason
+    "stop_agent": Role.OPERATOR,  # halt an agent step's loop (nothing more is asked or sent)
+    "fork_agent": Role.SUPERVISOR,  # let a stopped agent go on, or ask it again from an earlier turn
     "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.engine.transitions.approval_grant)
     "bulk": Role.OPERATOR,  # the bulk form; each action then needs its own role (terminate: a supervisor)
     "sandbox": Role.SUPERVISOR,

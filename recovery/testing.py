@@ -46,6 +46,7 @@ receivers really commit). Violations name the case, e.g. ``notify:commit_then_dr
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,7 +65,7 @@ from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import TERMINAL_RUN_STATES, run_compensate, run_start
 from recovery.errors import PermanentError, RateLimited, TransientError, UnknownOutcome
 from recovery.models import OutboxMessage, OutboxState, RunState, StepExecution, StepState, WorkflowRun
-from recovery.workflow import Rerun, StepSpec, Workflow, get_workflow
+from recovery.workflow import JOURNAL_SEPARATOR, Rerun, StepSpec, Workflow, get_workflow, turn_name
 
 CRASH = "crash"
 FAULTS = (
@@ -124,22 +125,48 @@ def has_remote_effect(spec: StepSpec) -> bool:
 
 def cases(workflow: Workflow, *, compensations: bool = False) -> list[Case]:
     """Every step × every boundary (crash) and every fault kind that applies to it (with
-    ``compensations``, the faults of every compensation too)."""
+    ``compensations``, the faults of every compensation too). An agent step's cases are those
+    of each of its model turns (a crash at every boundary of turn 1 … ``max_turns``) and of each
+    of its tools, whose case names its calls with a pattern (``agent:*:*:tool``): a crash hits
+    the first call of the tool, a fault every call of it."""
     out: list[Case] = []
     for spec in workflow.steps:
-        out += [Case(spec.name, CRASH, point) for point in failpoints.POINTS]
-        out += [Case(spec.name, fault) for fault in FAULTS]
-        if spec.is_decision:
-            out.append(Case(spec.name, MODEL_FAULT))
-        if has_remote_effect(spec):
-            out += [Case(spec.name, LATE_COMMIT, where) for where in LATE_BOUNDARIES]
-            out += [Case(spec.name, fault) for fault in IN_FLIGHT_FAULTS]
-            if spec.lookup_fn is not None:
-                out += [Case(spec.name, fault) for fault in LOOKUP_FAULTS]
-        if compensations and spec.compensation_fn is not None:
-            out += [Case(spec.name, COMPENSATION_LATE, where) for where in LATE_BOUNDARIES]
-            out.append(Case(spec.name, COMPENSATION_CRASH))
+        if spec.is_agent:
+            assert spec.agent is not None
+            for turn in range(1, spec.agent.max_turns + 1):
+                out += [Case(turn_name(spec.name, turn), CRASH, point) for point in failpoints.POINTS]
+            out += _cases_of(spec.name, spec, compensations)
+            for tool in spec.agent.tools.values():
+                out += _cases_of(JOURNAL_SEPARATOR.join((spec.name, "*", "*", tool.tool_name)), tool, compensations)
+            continue
+        out += _cases_of(spec.name, spec, compensations)
     return out
+
+
+def _cases_of(name: str, spec: StepSpec, compensations: bool) -> list[Case]:
+    out = [] if spec.is_agent else [Case(name, CRASH, point) for point in failpoints.POINTS]
+    out += [Case(name, fault) for fault in FAULTS]
+    if spec.asks_model:
+        out.append(Case(name, MODEL_FAULT))
+    elif has_remote_effect(spec):
+        out += [Case(name, LATE_COMMIT, where) for where in LATE_BOUNDARIES]
+        out += [Case(name, fault) for fault in IN_FLIGHT_FAULTS]
+        if spec.lookup_fn is not None:
+            out += [Case(name, fault) for fault in LOOKUP_FAULTS]
+    if compensations and spec.compensation_fn is not None:
+        out += [Case(name, COMPENSATION_LATE, where) for where in LATE_BOUNDARIES]
+        out.append(Case(name, COMPENSATION_CRASH))
+    return out
+
+
+def _spec_of(workflow: Workflow, name: str) -> StepSpec:
+    """The declaration a case faults: a step, or (``agent:*:*:tool``) an agent's tool."""
+    if "*" not in name:
+        return workflow.get_step(name)
+    agent, *_, tool = name.split(JOURNAL_SEPARATOR)
+    policy = workflow.get_step(agent).agent
+    assert policy is not None
+    return policy.tools[tool]
 
 
 class MovableClock:
@@ -345,7 +372,7 @@ def run_case(
     compensations: Callable[[WorkflowRun], dict[str, int]] | None = None,
 ) -> WorkflowRun:
     """Run one case and check its invariants; raises MatrixViolation naming the case."""
-    spec = workflow.get_step(case.step)
+    spec = _spec_of(workflow, case.step)
     run, _ = run_start(workflow=workflow, data=data)
     if case.fault in (COMPENSATION_LATE, COMPENSATION_CRASH):
         assert compensations is not None, "compensation cases need compensations="
@@ -391,7 +418,7 @@ def _compensation_case(
         raise MatrixViolation(f"[{workflow.name} {case.id}] the run did not complete before compensating: {run.state}")
     run_compensate(workflow_id=run.workflow_id, actor=None, reason=f"fault matrix {case.id}")
     receivers = Receivers(clock=clock, run_pk=run.pk)
-    with inject(workflow.get_step(case.step), case.fault, case.boundary, receivers=receivers):
+    with inject(_spec_of(workflow, case.step), case.fault, case.boundary, receivers=receivers):
         run = drive(run, clock, receivers=receivers)
     receivers.settle(everything=True)
     problems: list[str] = []
@@ -423,7 +450,7 @@ def _crash_once_at(step: str, boundary: str) -> Callable[[str, str], None]:
     fired = []
 
     def hit(name: str, point: str) -> None:
-        if name == step and point == boundary and not fired:
+        if fnmatch.fnmatchcase(name, step) and point == boundary and not fired:
             fired.append(True)
             raise failpoints.FailpointRaised(f"failpoint {step}:{boundary} (fault matrix)")
 
@@ -450,11 +477,12 @@ def check(
         problems.append(f"the executor failed: {run.status_reason}")
     steps = {s.step_name: s for s in StepExecution.objects.filter(run=run)}
     counted = effects(run)
-    for spec in workflow.steps:
+    calls = [workflow.get_step(name) for name in steps if JOURNAL_SEPARATOR in name]  # an agent's turns and calls
+    for spec in [*workflow.steps, *calls]:
         step = steps[spec.name]
         if step.state == StepState.RUNNING and not (run.lease_expires_at and run.lease_expires_at > clock.now()):
             problems.append(f"{spec.name} is running past its lease")
-        if spec.rerun == Rerun.YES or spec.is_decision:
+        if spec.rerun == Rerun.YES or spec.asks_model:
             continue
         n = counted.get(spec.name, 0)
         if n > 1:

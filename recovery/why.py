@@ -53,7 +53,7 @@ def why_not_moving(
     outbox: Iterable[OutboxMessage] = (),
 ) -> str:
     """One sentence: what the run waits for, or what a person must do."""
-    steps = sorted(steps, key=lambda s: s.position)
+    steps = sorted(steps, key=lambda s: s.order)
     pending = [a for a in approvals if a.state == ApprovalState.PENDING]
     state = run.state
     if pending:

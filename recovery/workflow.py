@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -133,6 +134,19 @@ class Guard:
     steps: tuple[str, ...] | None = None
 
 
+@dataclass(frozen=True)
+class AgentContext(StepContext):
+    """What an agent step's function sees for one model turn: the step's context, the
+    conversation so far as the journal holds it (``messages``: OpenAI-style assistant turns
+    with their tool calls, and one tool message per call with its result, error or refusal),
+    the tools' definitions (``tools``: OpenAI function-calling format) and the turn's number.
+    The function adds its own prompt, asks the model once and returns its reply."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    turn: int = 1
+
+
 def idempotency_key(workflow_id: str, step: str, key_version: int) -> str:
     """``hash(workflow_id:step:vN)``: the same for every attempt, process and operator click."""
     return hashlib.sha256(f"{workflow_id}:{step}:v{key_version}".encode()).hexdigest()
@@ -177,6 +191,8 @@ class StepSpec:
     timeout: float | Callable[[], float | None] | None = None
     # The in-flight bound (see in_flight_bound); DEFAULT_SETTLE derives it from the timeout.
     settle: timedelta | None = DEFAULT_SETTLE
+    # An agent step's loop (its row) and each of its model turns (their rows: journal names).
+    agent: AgentPolicy | None = None
 
     # decorators, in the style of property setters
     def intent(self, fn: Callable[[StepContext], dict[str, Any]]) -> Callable:
@@ -191,8 +207,9 @@ class StepSpec:
         """Declare a check that runs before each attempt's intent is checkpointed (after the
         decision is accepted, before anything is sent): it returns, or raises
         ``PolicyRefusal``, which writes nothing and sends the run to review."""
-        if self.is_decision:
-            raise ValueError(f"{self.name} is a model step: guard the steps that act on its decision")
+        if self.asks_model:
+            what = "its tools" if self.agent is not None else "the steps that act on its decision"
+            raise ValueError(f"{self.name} is a model step: guard {what}")
 
         def register(fn: Callable) -> Callable:
             self.guards.append(Guard(rule, fn, description or _first_line(fn)))
@@ -221,6 +238,20 @@ class StepSpec:
     @property
     def is_decision(self) -> bool:
         return self.decision_schema is not None
+
+    @property
+    def is_agent(self) -> bool:
+        """The agent step itself: a loop of model turns and tool calls the executor drives."""
+        return self.agent is not None and JOURNAL_SEPARATOR not in self.name
+
+    @property
+    def is_turn(self) -> bool:
+        """One model turn of an agent step (a journal row)."""
+        return self.agent is not None and JOURNAL_SEPARATOR in self.name
+
+    @property
+    def asks_model(self) -> bool:
+        return self.is_decision or self.agent is not None
 
     @property
     def writes(self) -> bool:
@@ -260,6 +291,8 @@ class StepSpec:
         return f"{bound.total_seconds():g} s{default}"
 
     def recovery_rule(self) -> str:
+        if self.is_agent:
+            return "journal: a recorded turn is never asked again, a recorded tool call never made again"
         if self.is_decision:
             return "reuse the accepted decision; ask the model again only while none is accepted"
         if self.outbox:
@@ -283,6 +316,92 @@ class StepSpec:
             "compensation": self.compensation.description if self.compensation else "",
             "compensation_by": self.compensation.who if self.compensation else "",
         }
+
+
+@dataclass
+class ToolSpec(StepSpec):
+    """A tool an agent's model may call: a step's recovery contract, plus its arguments'
+    schema (the model's tool definition). Under a journal row's name (``Workflow.get_step``)
+    it is the contract of one call."""
+
+    arguments: type[pydantic.BaseModel] | None = None
+    description: str = ""
+    tool_name: str = ""
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as OpenAI-compatible function calling declares it."""
+        parameters = self.arguments.model_json_schema() if self.arguments else {"type": "object", "properties": {}}
+        return {
+            "type": "function",
+            "function": {"name": self.tool_name, "description": self.description, "parameters": parameters},
+        }
+
+
+@dataclass(frozen=True)
+class AgentPolicy:
+    """An agent step's loop: its tools, its final answer's schema and its budgets."""
+
+    tools: dict[str, ToolSpec]
+    schema: type[pydantic.BaseModel]
+    schema_version: int
+    max_turns: int
+    argument_errors: int
+    refusals: str  # "model": a guard's refusal is answered to the model; "review": it holds the call
+
+    def definitions(self) -> list[dict[str, Any]]:
+        return [tool.definition() for tool in self.tools.values()]
+
+
+# An agent's journal rows are named agent:turn (a model turn) and agent:turn:index:tool (a tool
+# call); a step's own name never holds the separator. A call's key is then exactly
+# hash(workflow_id:agent:turn:index:tool:vN).
+JOURNAL_SEPARATOR = ":"
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,40}")
+MAX_AGENT_NAME = 40  # a journal row's name (agent:turn:index:tool) fits the 100 characters of a step's
+
+
+@dataclass(frozen=True)
+class JournalName:
+    agent: str
+    turn: int
+    index: int | None = None
+    tool: str | None = None
+
+
+def turn_name(agent: str, turn: int) -> str:
+    return f"{agent}{JOURNAL_SEPARATOR}{turn}"
+
+
+def call_name(agent: str, turn: int, index: int, tool: str) -> str:
+    return JOURNAL_SEPARATOR.join((agent, str(turn), str(index), tool))
+
+
+def parse_journal_name(name: str) -> JournalName:
+    parts = name.split(JOURNAL_SEPARATOR)
+    try:
+        if len(parts) == 2:
+            return JournalName(parts[0], int(parts[1]))
+        if len(parts) == 4:
+            return JournalName(parts[0], int(parts[1]), int(parts[2]), parts[3])
+    except ValueError:
+        pass
+    raise LookupError(f"{name!r} is not an agent journal row (agent:turn or agent:turn:index:tool)")
+
+
+def _arguments(ctx: StepContext) -> dict[str, Any]:
+    """A tool call's intent: its validated arguments, written with the call's row."""
+    return dict(ctx.intent or {})
+
+
+def _turn_summary(ctx: StepContext) -> dict[str, Any]:
+    """A model turn's intent: what it asks with, in short (the conversation is the journal)."""
+    messages = getattr(ctx, "messages", [])
+    return {
+        "turn": getattr(ctx, "turn", 0),
+        "messages": len(messages),
+        "tool_results": sum(1 for m in messages if m.get("role") == "tool"),
+        "conversation": payload_hash(messages),
+    }
 
 
 def _first_line(fn: Callable) -> str:
@@ -344,6 +463,7 @@ class Workflow:
         self.four_eyes: frozenset[str] = frozenset(chosen)
         self.stuck_after: dict[str, timedelta] = _stuck_after(stuck_after)
         self.steps: list[StepSpec] = []
+        self.tools: dict[str, ToolSpec] = {}
         self.guards: list[Guard] = []
         register(self)
 
@@ -367,18 +487,19 @@ class Workflow:
 
     def writing_steps(self) -> list[str]:
         """The steps whose effect, once made, stands elsewhere (not a model step's decision)."""
-        return [spec.name for spec in self.steps if spec.writes and not spec.is_decision]
+        return [spec.name for spec in self.steps if spec.writes and not spec.asks_model]
 
     def acts_on_decision(self, spec: StepSpec) -> bool:
         """Whether ``spec`` writes after a model step: what it sends may come from the model."""
-        return spec.writes and not spec.is_decision and any(s.is_decision for s in self.steps[: spec.position])
+        if isinstance(spec, ToolSpec):
+            return spec.writes  # the model chose the call and its arguments
+        return spec.writes and not spec.asks_model and any(s.is_decision for s in self.steps[: spec.position])
 
     def guards_for(self, spec: StepSpec) -> list[Guard]:
         """The checks that run before ``spec``'s intent is checkpointed, in order: the
         workflow's that apply to it, then the step's own."""
-        shared = [
-            g for g in self.guards if (spec.name in g.steps if g.steps is not None else self.acts_on_decision(spec))
-        ]
+        name = spec.tool_name if isinstance(spec, ToolSpec) else spec.name
+        shared = [g for g in self.guards if (name in g.steps if g.steps is not None else self.acts_on_decision(spec))]
         return shared + list(spec.guards)
 
     def decision_before(self, spec: StepSpec) -> StepSpec | None:
@@ -443,6 +564,8 @@ class Workflow:
             )
             if any(s.name == spec.name for s in self.steps):
                 raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")
+            if JOURNAL_SEPARATOR in spec.name:
+                raise ValueError(f"step name {spec.name!r}: {JOURNAL_SEPARATOR!r} marks an agent's journal rows")
             self.steps.append(spec)
             return spec
 
@@ -493,12 +616,171 @@ class Workflow:
         for spec in self.steps:
             if spec.name == name:
                 return spec
+        if JOURNAL_SEPARATOR in name:
+            return self._journal_spec(name)
         raise LookupError(f"workflow {self.name!r} has no step {name!r}")
 
+    def compensates(self, step_name: str) -> bool:
+        """Whether the step (or an agent's tool call) of that name declares a compensation."""
+        try:
+            return self.get_step(step_name).compensation_fn is not None
+        except LookupError:
+            return False
+
+    def agent_of(self, spec: StepSpec) -> StepSpec | None:
+        """The agent step whose journal row ``spec`` is (a turn or a tool call); None for a step."""
+        if JOURNAL_SEPARATOR not in spec.name:
+            return None
+        return self.get_step(parse_journal_name(spec.name).agent)
+
+    def _journal_spec(self, name: str) -> StepSpec:
+        """The contract of an agent's journal row: a turn is its agent's model call under the
+        row's name; a tool call is the tool's declaration under the row's name."""
+        entry = parse_journal_name(name)
+        agent = self.get_step(entry.agent)
+        if entry.agent == name or agent.agent is None:
+            raise LookupError(f"workflow {self.name!r} has no agent step {entry.agent!r} (row {name!r})")
+        if entry.tool is None:
+            spec = replace(agent, name=name)
+        else:
+            tool = agent.agent.tools.get(entry.tool)
+            if tool is None:
+                raise LookupError(f"agent {entry.agent!r} has no tool {entry.tool!r} (row {name!r})")
+            spec = replace(tool, name=name, position=agent.position)
+        return spec
+
+    def tool(
+        self,
+        *,
+        arguments: type[pydantic.BaseModel],
+        effect: str = "none",
+        rerun: Rerun = Rerun.YES,
+        key_version: int = 1,
+        retry: RetryPolicy = DEFAULT_POLICY,
+        reconcile: Reconcile | None = None,
+        compensable: bool = False,
+        local: bool = False,
+        name: str | None = None,
+        description: str = "",
+        timeout: float | Callable[[], float | None] | None = None,
+        settle: timedelta | None = DEFAULT_SETTLE,
+    ) -> Callable[[Callable], ToolSpec]:
+        """Declare a tool an agent step's model may call, with the same recovery contract as a
+        step (``effect``, ``rerun``, ``reconcile`` with ``@tool.lookup``, ``@tool.compensate``,
+        ``@tool.guard``, ``retry``, ``timeout``, ``settle``: see ``step``). ``arguments`` is the
+        pydantic model of its arguments: its JSON schema is the tool's definition for the model,
+        and every call's arguments are validated against it before anything is written; the
+        validated arguments are the call's intent (``ctx.intent``). ``description`` (default: the
+        function's first docstring line) tells the model what the tool does.
+
+        Each call is a row of the run, named ``agent:turn:index:tool``, whose idempotency key is
+        ``hash(workflow_id:agent:turn:index:tool:vN)``: stable across crashes and resumes."""
+        if local and reconcile not in (None, Reconcile.RERUN):
+            raise ValueError("a local tool commits with its outcome: it reconciles by re-running")
+        if reconcile is None and (local or rerun == Rerun.YES):
+            reconcile = Reconcile.RERUN
+
+        def decorate(fn: Callable) -> ToolSpec:
+            tool_name = name or fn.__name__
+            if not _TOOL_NAME.fullmatch(tool_name):
+                raise ValueError(f"tool name {tool_name!r}: letters, digits, _ and - only (at most 64)")
+            if tool_name in self.tools:
+                raise ValueError(f"workflow {self.name!r} already has a tool named {tool_name!r}")
+            spec = ToolSpec(
+                name=tool_name,
+                call=fn,
+                effect=effect,
+                rerun=Rerun(rerun),
+                key_version=key_version,
+                retry=retry,
+                reconcile=Reconcile(reconcile) if reconcile else None,
+                position=-1,
+                compensable=compensable,
+                local=local,
+                timeout=timeout,
+                settle=settle,
+                intent_fn=_arguments,
+                arguments=arguments,
+                description=description or _first_line(fn),
+                tool_name=tool_name,
+            )
+            self.tools[tool_name] = spec
+            return spec
+
+        return decorate
+
+    def agent(
+        self,
+        *,
+        tools: Iterable[ToolSpec],
+        schema: type[pydantic.BaseModel],
+        schema_version: int = 1,
+        max_turns: int = 8,
+        argument_errors: int = 2,
+        refusals: str = "model",
+        retry: RetryPolicy = DEFAULT_POLICY,
+        effect: str = "provider usage; its tools' effects",
+        name: str | None = None,
+        timeout: float | Callable[[], float | None] | None = None,
+    ) -> Callable[[Callable], StepSpec]:
+        """Declare an agent step: a loop the engine drives, in which the model calls ``tools``
+        until it gives a final answer valid against ``schema`` (the step's result). The
+        decorated function makes one model turn: it gets an ``AgentContext`` (the conversation
+        the journal holds, the tools' definitions) and returns the model's reply — an
+        OpenAI-style assistant message (``content``, ``tool_calls``), or the final answer's
+        JSON text.
+
+        Every turn is checkpointed (journaled) before any tool it asked for runs, and every
+        tool call is a row with its own key, intent, attempts and outcome: a recorded turn is
+        never asked again and a recorded call never made again. ``max_turns``: turns before the
+        run goes to review. ``argument_errors``: calls with invalid arguments (or to no such
+        tool) answered to the model as a tool error before the run goes to review.
+        ``refusals``: what a guard's refusal of a tool call does — ``"model"`` answers it to
+        the model (nothing was sent); ``"review"`` holds the call for an operator, as a step's
+        refusal does."""
+        if refusals not in ("model", "review"):
+            raise ValueError(f"refusals={refusals!r}: 'model' or 'review'")
+        if max_turns < 1 or argument_errors < 0:
+            raise ValueError("max_turns must be at least 1 and argument_errors at least 0")
+        chosen = {}
+        for tool in tools:
+            if self.tools.get(getattr(tool, "tool_name", "")) is not tool:
+                raise ValueError(f"{tool!r} is not a tool of workflow {self.name!r} (declare it with @workflow.tool)")
+            chosen[tool.tool_name] = tool
+        if not chosen:
+            raise ValueError("an agent step needs at least one tool")
+
+        def decorate(fn: Callable) -> StepSpec:
+            if len(name or fn.__name__) > MAX_AGENT_NAME:
+                raise ValueError(
+                    f"an agent step's name is at most {MAX_AGENT_NAME} characters (its journal rows add to it)"
+                )
+            spec = self.step(
+                effect=effect, rerun=Rerun.USUALLY, reconcile=Reconcile.RERUN, retry=retry, name=name, timeout=timeout
+            )(fn)
+            spec.agent = AgentPolicy(
+                tools=chosen,
+                schema=schema,
+                schema_version=schema_version,
+                max_turns=max_turns,
+                argument_errors=argument_errors,
+                refusals=refusals,
+            )
+            spec.schema_version = schema_version
+            spec.intent_fn = _turn_summary
+            return spec
+
+        return decorate
+
     def contract(self) -> list[dict[str, Any]]:
-        return [
-            {**spec.contract_row(), "guards": ", ".join(g.rule for g in self.guards_for(spec))} for spec in self.steps
-        ]
+        """One row per step, each agent step followed by one row per tool it may call."""
+        rows = []
+        for spec in self.steps:
+            rows.append({**spec.contract_row(), "guards": ", ".join(g.rule for g in self.guards_for(spec))})
+            for tool in spec.agent.tools.values() if spec.is_agent else ():
+                guards = ", ".join(g.rule for g in self.guards_for(tool))
+                rows.append({**tool.contract_row(), "step": f"{spec.name} → tool {tool.name}", "guards": guards})
+        return rows
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name} v{self.version}>"

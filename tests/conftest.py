@@ -22,9 +22,11 @@ def clock(monkeypatch) -> MovableClock:
 def _clean_receivers():
     receivers.clear()
     receivers.MODEL_SCRIPT.clear()
+    receivers.AGENT_SCRIPT.clear()
     yield
     receivers.clear()
     receivers.MODEL_SCRIPT.clear()
+    receivers.AGENT_SCRIPT.clear()
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from recovery.why import why_not_moving
 def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
     """The run as ``show_run --json`` prints it (docs/operating.md "Commands")."""
     run = WorkflowRun.objects.get(workflow_id=workflow_id)
-    steps = list(run.steps.order_by("position"))
+    steps = list(run.steps.order_by("position", "id"))
     approvals = run.approvals.filter(state="pending").select_related("requested_by")
     return {
         "workflow_id": run.workflow_id,
@@ -327,7 +327,7 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
     from recovery.workflow import get_workflow
 
     run = WorkflowRun.objects.get(workflow_id=workflow_id)
-    steps = list(run.steps.order_by("position"))
+    steps = list(run.steps.order_by("position", "id"))
     try:
         workflow = get_workflow(run.workflow_name)
         contract = workflow.contract()
@@ -360,7 +360,36 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
         "versions_truncated": len(versions) > AUDIT_SHOWN,
         "audit_shown": AUDIT_SHOWN,
         "timeline": timeline(run, steps),
+        "conversations": conversations(workflow, steps),
     }
+
+
+def conversations(workflow: Any, steps: list[StepExecution]) -> list[dict[str, Any]]:
+    """Each agent step's journal as the run page shows it: its model turns in order, each with
+    the model's reply and the tool calls it asked for (arguments, state, key, remote reference,
+    attempts, error or refusal), and the agent's final answer."""
+    from recovery.workflow import JOURNAL_SEPARATOR, parse_journal_name
+
+    if workflow is None:
+        return []
+    shown = []
+    for spec in workflow.steps:
+        if not spec.is_agent:
+            continue
+        prefix = spec.name + JOURNAL_SEPARATOR
+        turns: list[dict[str, Any]] = []
+        for row in steps:
+            if not row.step_name.startswith(prefix):
+                continue
+            entry = parse_journal_name(row.step_name)
+            if entry.tool is None:
+                reply = row.result or {}
+                turns.append({"number": entry.turn, "row": row, "content": reply.get("content") or "", "calls": []})
+            elif turns:
+                turns[-1]["calls"].append({"index": entry.index, "tool": entry.tool, "row": row})
+        agent = next((s for s in steps if s.step_name == spec.name), None)
+        shown.append({"step": spec.name, "agent": agent, "turns": turns, "max_turns": spec.agent.max_turns})
+    return shown
 
 
 def timeline(run: WorkflowRun, steps: list[StepExecution]) -> dict[str, Any]:

@@ -144,8 +144,15 @@ def _button(name: str, step: StepExecution | None, workflow) -> Action:
         "resolve_absent": f"{at}: it did not happen",
         "terminate": "Terminate",
         "snooze_alert": "Snooze its alert for 24 h",
+        "stop_agent": f"Stop the agent {at}",
+        "fork_agent": f"Fork {at.rpartition(':')[0]} from turn {at.rpartition(':')[2]}",
     }[name]
-    confirm = "Stop this run for good? Effects made stay made." if name == "terminate" else ""
+    confirm = {
+        "terminate": "Stop this run for good? Effects made stay made.",
+        "stop_agent": f"Stop {at} now? Nothing more is asked of the model or sent until an operator lets it go on.",
+        "fork_agent": f"Ask the model again from before turn {at.rpartition(':')[2]}? Calls already made stay made "
+        "(compensate them explicitly); later calls get a new key version.",
+    }.get(name, "")
     return Action(name, label, at, confirm=confirm, evidence=name == "resolve_happened")
 
 

@@ -20,7 +20,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from recovery import clock
-from recovery.engine import failpoints, guards, transitions
+from recovery.engine import agent, failpoints, guards, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke, validate_decision, working_on
 from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import DONE_STEP_STATES, Lease
@@ -47,6 +47,7 @@ from recovery.models import (
 )
 from recovery.redaction import redact_text
 from recovery.workflow import (
+    JOURNAL_SEPARATOR,
     CompensationPolicy,
     Outcome,
     Reconcile,
@@ -55,6 +56,7 @@ from recovery.workflow import (
     Workflow,
     compensation_key,
     get_workflow,
+    parse_journal_name,
     payload_hash,
 )
 
@@ -70,25 +72,36 @@ class _Plan:
     steps: list[StepExecution]
 
     def next_step(self) -> StepExecution | None:
-        return next((s for s in self.steps if s.state not in DONE_STEP_STATES), None)
+        """The first step not done yet; an agent's journal rows are its agent's to drive."""
+        return next((s for s in self.steps if s.state not in DONE_STEP_STATES and not _journal_row(s)), None)
 
     def context(self, step: StepExecution) -> StepContext:
-        return StepContext(
+        base = StepContext(
             workflow_id=self.run.workflow_id,
             input=self.run.input,
             step=step.step_name,
             idempotency_key=step.idempotency_key,
-            results={s.step_name: s.result for s in self.steps if s.state == StepState.SUCCEEDED},
+            results={
+                s.step_name: s.result for s in self.steps if s.state == StepState.SUCCEEDED and not _journal_row(s)
+            },
             intent=step.intent,
         )
+        if not _journal_row(step) or not agent.is_turn(step):
+            return base
+        spec = self.workflow.get_step(step.step_name)
+        assert spec.agent is not None
+        entry = parse_journal_name(step.step_name)
+        return agent.context(spec.agent, base, agent.journal(self.steps, entry.agent), entry.turn)
 
     @property
     def auto_compensate(self) -> bool:
         return self.workflow.compensation == CompensationPolicy.AUTOMATIC
 
-    def is_last(self, step: StepExecution) -> bool:
-        """Whether finishing ``step`` finishes the run (no step left, nothing in the outbox)."""
-        others_done = all(s.state in DONE_STEP_STATES for s in self.steps if s.pk != step.pk)
+    def is_last(self, step: StepExecution, *also: StepExecution) -> bool:
+        """Whether finishing ``step`` (and ``also``) finishes the run (no step left, nothing in
+        the outbox)."""
+        finishing = {step.pk, *(s.pk for s in also)}
+        others_done = all(s.state in DONE_STEP_STATES for s in self.steps if s.pk not in finishing)
         if not others_done:
             return False
         return not any(s.outbox for s in self.workflow.steps) or not self.undelivered().exists()
@@ -193,8 +206,14 @@ def _step_once(lease: Lease, plan: _Plan) -> bool:
         return _step(lease, plan, step)
 
 
+def _journal_row(step: StepExecution) -> bool:
+    return JOURNAL_SEPARATOR in step.step_name
+
+
 def _step(lease: Lease, plan: _Plan, step: StepExecution) -> bool:
     spec = plan.workflow.get_step(step.step_name)
+    if spec.is_agent:
+        return _agent(lease, plan, spec, step)
     now = clock.now()
 
     if step.state == StepState.RUNNING:
@@ -216,6 +235,65 @@ def _step(lease: Lease, plan: _Plan, step: StepExecution) -> bool:
 
     _execute(lease, plan, spec, step)
     return True
+
+
+def _agent(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> bool:
+    """One transition of an agent step, from its journal: the first row not done yet (a model
+    turn or a tool call) is taken as any step is — made, retried, reconciled; once every row is
+    done, the next turn is added, unless a budget is spent (then an operator decides). The
+    turn that gives the final answer completes the agent step (``_record_turn``)."""
+    assert spec.agent is not None
+    if step.refusal:  # an operator stopped it: only an operator lets it go on
+        transitions.run_review(lease=lease, step_name=spec.name, reason=f"{spec.name}: {step.refusal['message']}")
+        return False
+    rows = agent.journal(plan.steps, spec.name)
+    row = agent.waiting(rows)
+    if row is not None:
+        with working_on(f"step {row.step_name}", plan.run, step=row.step_name, attempt=row.attempts):
+            return _step(lease, plan, row)
+    policy, turns = spec.agent, agent.turns(rows)
+    asked = sum(1 for turn in turns if turn.state != StepState.SKIPPED)  # a fork's left-out turns are not counted
+    invalid = agent.invalid_calls(rows)
+    if invalid > policy.argument_errors:
+        transitions.run_review(
+            lease=lease,
+            step_name=spec.name,
+            reason=f"{spec.name}: the model asked for {invalid} tool call(s) with invalid arguments "
+            f"(budget {policy.argument_errors})",
+        )
+        return False
+    if asked >= policy.max_turns:
+        transitions.run_review(
+            lease=lease, step_name=spec.name, reason=f"{spec.name}: no final answer after {asked} model turn(s)"
+        )
+        return False
+    after = max((parse_journal_name(turn.step_name).turn for turn in turns), default=0)
+    transitions.agent_turn_add(lease=lease, agent=spec.name, turn=after + 1, key_version=step.key_version)
+    return True
+
+
+def _record_turn(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution, raw: Any) -> StepError | None:
+    """Journal a model turn's reply with the calls it asks for, or say why it cannot be."""
+    assert spec.agent is not None
+    entry = parse_journal_name(step.step_name)
+    try:
+        reply = agent.read_reply(spec.agent, plan.workflow.redact(raw), entry.turn)
+    except InvalidModelOutput as exc:
+        return exc
+    done = next(s for s in plan.steps if s.step_name == entry.agent)
+    calls = agent.new_calls(spec.agent, entry.agent, entry.turn, reply)
+    forks = done.key_version - plan.workflow.get_step(entry.agent).key_version  # each fork: a new key version
+    transitions.agent_turn_record(
+        lease=lease,
+        agent=entry.agent,
+        step_name=step.step_name,
+        reply=reply.as_result(),
+        calls=calls,
+        key_versions={name: tool.key_version + forks for name, tool in spec.agent.tools.items()},
+        final=reply.final,
+        complete_run=reply.final is not None and plan.is_last(done, step),
+    )
+    return None
 
 
 def _finish(lease: Lease, plan: _Plan) -> bool:
@@ -397,6 +475,11 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             spec.call, replace(ctx, intent=intent), lease=lease, point=name, timed=plan.run.workflow_name
         )
 
+    if error is None and spec.is_turn:
+        error = _record_turn(lease, plan, spec, step, raw)
+        if error is None:
+            failpoints.hit(name, "after_outcome")
+            return
     decision: dict[str, Any] | None = None
     if error is None and spec.is_decision:
         try:
@@ -466,7 +549,7 @@ def _execute_local(
 
 def _compensate_once(lease: Lease, plan: _Plan) -> bool:
     """Undo the next marked step, latest first (reverse dependency order)."""
-    marked = sorted((s for s in plan.steps if s.state == StepState.COMPENSATING), key=lambda s: -s.position)
+    marked = sorted((s for s in plan.steps if s.state == StepState.COMPENSATING), key=lambda s: s.order, reverse=True)
     if not marked:
         transitions.run_compensation_done(lease=lease)
         return False

@@ -2,7 +2,8 @@
 
 ``RECOVERY_FAILPOINTS="STEP:POINT=ACTION[,…]"`` with POINT one of before_intent, before_call,
 after_call, after_outcome and ACTION one of crash (hard exit, like SIGKILL), raise, sleep(MS).
-``*`` as STEP arms the point for every step.
+``*`` as STEP arms the point for every step. An agent's journal rows are steps too: STEP may be
+``agent:turn`` (a model turn) or ``agent:turn:index:tool`` (a tool call).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from functools import lru_cache
 
 POINTS = ("before_intent", "before_call", "after_call", "after_outcome")
-_ENTRY = re.compile(r"^(?P<step>[\w*.-]+):(?P<point>\w+)=(?P<action>crash|raise|sleep\((?P<ms>\d+)\))$")
+_ENTRY = re.compile(r"^(?P<step>[\w*.:-]+):(?P<point>\w+)=(?P<action>crash|raise|sleep\((?P<ms>\d+)\))$")
 
 
 class FailpointRaised(Exception):

@@ -59,8 +59,14 @@ def check(
         return False
     if verdict.refusal is not None:
         refusal = verdict.refusal
+        agent = workflow.agent_of(spec)
         transitions.step_refuse(
-            lease=lease, step_name=spec.name, rule=refusal.rule, message=refusal.message, values=refusal.values
+            lease=lease,
+            step_name=spec.name,
+            rule=refusal.rule,
+            message=refusal.message,
+            values=refusal.values,
+            to_model=agent is not None and agent.agent is not None and agent.agent.refusals == "model",
         )
         return False
     return True

@@ -305,7 +305,7 @@ def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fiel
         )
         SELECT {run_columns}, claimed.before_owner <> '', claimed.due_at, {step_columns}
         FROM claimed LEFT JOIN {step_table} AS s ON s."run_id" = claimed."id"
-        ORDER BY s."position"
+        ORDER BY s."position", s."id"
     """
     return sql, tuple(run_fields), tuple(step_fields)
 

@@ -27,6 +27,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from recovery.actions import PERMISSION_OF
 from recovery.api import tokens
+from recovery.engine.executor import advance
 from recovery.engine.transitions import alert_raise, approval_request, run_start, run_version, sweeper_beat
 from recovery.models import (
     Alert,
@@ -98,6 +99,8 @@ STEP_OF_ACTION = {
     "override": "create_task",
     "supersede": "decide",
     "decide_again": "decide",
+    "stop_agent": "resolve",
+    "fork_agent": "resolve:2",
 }
 CORRECTED = json.dumps({"category": "office", "amount": 120, "approver": "alice"})
 
@@ -113,6 +116,7 @@ def action_row(action: str, *, needs: str = "", step: str | None = None, role: R
         "approval": lambda w: w.guarded,
         "refused": lambda w: w.refused,
         "alert": lambda w: w.failed,
+        "agent": lambda w: w.agent,
     }[needs]
     step = STEP_OF_ACTION.get(action, "") if step is None else step
     return Row(
@@ -177,6 +181,8 @@ MATRIX: list[Row] = [
     action_row("resolve_happened", needs="unknown"),
     action_row("resolve_absent", needs="unknown"),
     action_row("snooze_alert", needs="alert"),  # a supervisor's: the failed run's alert is firing
+    action_row("stop_agent", needs="agent"),  # an operator's: a runaway agent is stopped at once
+    action_row("fork_agent", needs="agent"),  # a supervisor's: the model is asked again from turn 2
     action_row("approve", needs="approval"),  # another supervisor's request to terminate
     action_row("reject", needs="approval"),
     Row(
@@ -408,6 +414,11 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
     if needs == "late_failure":  # the task and the message exist, the ledger refused: compensable
         receivers.arm("ledger", "forbidden")
         w.late = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "late"})[0], clock)
+    if needs == "agent":  # an agent's credit note failed once (503): the run waits in turn 2
+        receivers.arm("ledger", "unavailable")
+        w.agent = run_start(workflow="test_agent", data={"tenant": "t", "order_id": "agent"})[0]
+        advance(w.agent.pk)
+        w.agent.refresh_from_db()
     if needs == "refused":  # a guard refused the model's approver before anything was written
         receivers.MODEL_SCRIPT.append(json.dumps({"category": "office", "amount": 120, "approver": "mallory"}))
         w.refused = drive(run_start(workflow="test_policy", data={"tenant": "t", "order_id": "refused"})[0], clock)

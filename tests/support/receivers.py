@@ -199,3 +199,43 @@ def model_propose(text: str) -> str:
     amount = sum(int(tok) for tok in text.split() if tok.isdigit())
     category = "travel" if "trip" in text else "office"
     return json.dumps({"category": category, "amount": amount, "approver": "alice"})
+
+
+# --- a scripted agent model ------------------------------------------------------------
+# Replies to return next (a dict or text); when empty, the model resolves the dispute: look the
+# invoice up, then credit it and tell the customer (two calls in one turn), then answer.
+AGENT_SCRIPT: deque[object] = deque()
+
+
+def agent_reply(dispute: dict, messages: list[dict], tools: list[str]) -> object:
+    RemoteObject.objects.create(kind="model_call", payload={"messages": len(messages), "tools": tools})
+    if AGENT_SCRIPT:
+        return AGENT_SCRIPT.popleft()
+    answers = [json.loads(m["content"]) for m in messages if m["role"] == "tool"]
+    asked = [c["function"]["name"] for m in messages if m["role"] == "assistant" for c in m.get("tool_calls", ())]
+    found = next((a["result"] for a in answers if "invoice" in (a.get("result") or {})), None)
+    if found is None:
+        return tool_calls(("find_invoice", {"invoice": dispute["invoice"]}))
+    if "notify_customer" not in asked:
+        return tool_calls(
+            ("credit", {"invoice": found["invoice"], "amount": found["amount"]}),
+            ("notify_customer", {"text": f"credited {found['amount']} on {found['invoice']}"}),
+        )
+    refused = any("error" in answer for answer in answers)
+    return json.dumps({"resolution": "refused" if refused else "credited", "amount": dispute["amount"]})
+
+
+def tool_calls(*calls: tuple[str, object]) -> dict:
+    """An OpenAI-style assistant message asking for ``calls`` (name, arguments)."""
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call-{name}-{index}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+            for index, (name, args) in enumerate(calls)
+        ],
+    }

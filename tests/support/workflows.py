@@ -313,3 +313,118 @@ def _(ctx):
     found = receivers.look_up_entry(reference=ctx.workflow_id)
     if found is not None:
         raise PolicyRefusal("not_yet_booked", f"already booked as {found.remote_ref}", {"entry": found.remote_ref})
+
+
+# --- an agent step: the model calls tools in a loop; every turn and call is journaled --------
+
+
+class Dispute(BaseModel):
+    tenant: str
+    order_id: str
+    invoice: str = "inv-1"
+    amount: int = 120
+
+
+class Resolution(BaseModel):
+    resolution: str = Field(pattern="^(credited|refused)$")
+    amount: int = Field(ge=0)
+
+
+class InvoiceArgs(BaseModel):
+    invoice: str
+
+
+class CreditArgs(BaseModel):
+    invoice: str
+    amount: int = Field(ge=0)
+
+
+class NotifyArgs(BaseModel):
+    text: str
+
+
+CREDIT_LIMIT = 500  # a guard refuses credits above this
+
+disputes = Workflow(
+    "test_agent",
+    version=1,
+    input_schema=Dispute,
+    workflow_id=lambda i: f"dispute:{i['tenant']}:{i['order_id']}",
+    description="engine test workflow with an agent step",
+)
+
+
+@disputes.tool(arguments=InvoiceArgs, effect="none", rerun=Rerun.YES, retry=FAST)
+def find_invoice(ctx):
+    """Look an invoice up."""
+    return {"invoice": ctx.intent["invoice"], "amount": ctx.input["amount"]}
+
+
+@disputes.tool(
+    arguments=CreditArgs,
+    effect="a ledger entry",
+    rerun=Rerun.NO,
+    reconcile=Reconcile.LOOKUP,
+    retry=FAST,
+    compensable=True,
+)
+def credit(ctx):
+    """Post a credit note to the ledger."""
+    return receivers.post_entry(reference=ctx.idempotency_key, payload=ctx.intent)
+
+
+@credit.lookup
+def _(ctx):
+    return receivers.find_entry(reference=ctx.idempotency_key)
+
+
+@credit.compensate(who="supervisor")
+def _(ctx):
+    """Reverse the credit note."""
+    return receivers.reverse_entry(entry_ref=ctx.intent["remote_ref"], reference=ctx.idempotency_key)
+
+
+@credit.guard("credit_limit")
+def _(ctx):
+    """A credit note is at most the credit limit."""
+    if ctx.intent["amount"] > CREDIT_LIMIT:
+        raise PolicyRefusal("credit_limit", f"{ctx.intent['amount']} is over {CREDIT_LIMIT}", dict(ctx.intent))
+
+
+@disputes.tool(arguments=NotifyArgs, effect="a message", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST)
+def notify_customer(ctx):
+    """Message the customer."""
+    return receivers.send_message(client_ref=ctx.idempotency_key, payload=ctx.intent)
+
+
+@notify_customer.lookup
+def _(ctx):
+    return receivers.find_message(client_ref=ctx.idempotency_key)
+
+
+@disputes.agent(tools=[find_invoice, credit, notify_customer], schema=Resolution, max_turns=5, retry=FAST)
+def resolve(ctx):
+    """Resolve the customer's dispute with the tools."""
+    return receivers.agent_reply(ctx.input, ctx.messages, [t["function"]["name"] for t in ctx.tools])
+
+
+@disputes.step(effect="none", rerun=Rerun.YES, retry=FAST)
+def close(ctx):
+    return {"closed": ctx.result("resolve")["resolution"]}
+
+
+refusing_disputes = Workflow(
+    "test_agent_review",
+    version=1,
+    input_schema=Dispute,
+    workflow_id=lambda i: f"dispute-review:{i['tenant']}:{i['order_id']}",
+    description="test_agent, with a tool's refusal held for an operator",
+)
+refusing_disputes.tools = dict(disputes.tools)
+
+
+@refusing_disputes.agent(
+    tools=[find_invoice, credit, notify_customer], schema=Resolution, refusals="review", retry=FAST, name="resolve"
+)
+def _(ctx):
+    return resolve.call(ctx)

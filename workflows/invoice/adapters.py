@@ -240,6 +240,12 @@ def _entry(reference: str, client: SandboxClient | None, what: str) -> dict | No
     return _first(response)
 
 
+def ledger_entry(*, reference: str, client: SandboxClient | None = None) -> dict | None:
+    """The ledger's entry for ``reference`` as the ledger shows it (amount, currency, account,
+    reversal), or None: a fresh read each time."""
+    return _entry(reference, client, "read ledger entry")
+
+
 def find_entry(*, reference: str, client: SandboxClient | None = None) -> Outcome | None:
     entry = _entry(reference, client, "look up ledger entry")
     return _entry_outcome(entry) if entry else None

@@ -355,9 +355,9 @@ def classify_openai_error(exc: BaseException, *, secret: str = "") -> StepError:
     return error
 
 
-def _content_of(response: httpx.Response, *, secret: str) -> str:
-    """``choices[0].message.content`` of a 2xx reply; a refusal is permanent, anything else
-    unreadable is an invalid model output carrying the (redacted, truncated) body."""
+def _message_of(response: httpx.Response, *, secret: str) -> dict[str, Any]:
+    """``choices[0].message`` of a 2xx reply; a refusal is permanent, anything else unreadable
+    is an invalid model output carrying the (redacted, truncated) body."""
     raw = _redact(response.text, secret)[:RAW_OUTPUT_LIMIT]
     try:
         payload = json.loads(response.content)
@@ -374,6 +374,13 @@ def _content_of(response: httpx.Response, *, secret: str) -> str:
     refusal = message.get("refusal")
     if refusal:
         raise PermanentError(f"model refused: {_redact(str(refusal), secret)[:500]}")
+    return message
+
+
+def _content_of(response: httpx.Response, *, secret: str) -> str:
+    """``choices[0].message.content`` of a 2xx reply (see ``_message_of``)."""
+    raw = _redact(response.text, secret)[:RAW_OUTPUT_LIMIT]
+    message = _message_of(response, secret=secret)
     content = message.get("content")
     if not isinstance(content, str):
         raise InvalidModelOutput("model provider reply has no choices[0].message.content", raw_output=raw)
@@ -428,6 +435,18 @@ class OpenAIProvider:
         }
 
     def propose(self, *, invoice_id: str, text: str) -> str:
+        body = self.request_body(invoice_id=invoice_id, text=text)
+        return self._post(body, _content_of, f"invoice_id={invoice_id}")
+
+    def chat(self, *, messages: list[dict[str, Any]], tools: list[dict[str, Any]], about: str) -> dict[str, Any]:
+        """One turn of a conversation with function calling: the assistant's message (its
+        ``content`` and its ``tool_calls``), as the provider returned it. ``about`` names the
+        conversation in the log (e.g. ``dispute_id=d-1``)."""
+        body = {"model": self.model, "temperature": 0, "messages": messages, "tools": tools, "tool_choice": "auto"}
+        return self._post(body, _message_of, about)
+
+    def _post(self, body: dict[str, Any], read: Any, about: str) -> Any:
+        """One POST; failures leave as classified ``StepError``s, logged without the key."""
         headers = {"Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -436,36 +455,22 @@ class OpenAIProvider:
             with httpx.Client(
                 transport=self.transport, timeout=self.http_timeout(), verify=_ssl_context(), follow_redirects=False
             ) as client:
-                response = client.post(
-                    self.url, json=self.request_body(invoice_id=invoice_id, text=text), headers=headers
-                )
+                response = client.post(self.url, json=body, headers=headers)
                 response.raise_for_status()
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             error = classify_openai_error(exc, secret=self.api_key)
-            logger.warning(
-                "model call failed invoice_id=%s model=%s kind=%s error=%s", invoice_id, self.model, error.kind, error
-            )
+            logger.warning("model call failed %s model=%s kind=%s error=%s", about, self.model, error.kind, error)
             raise error from exc
         elapsed_ms = int((time.monotonic() - started) * 1000)
         try:
-            content = _content_of(response, secret=self.api_key)
+            answer = read(response, secret=self.api_key)
         except StepError as error:
-            logger.warning(
-                "model reply unusable invoice_id=%s model=%s kind=%s error=%s",
-                invoice_id,
-                self.model,
-                error.kind,
-                error,
-            )
+            logger.warning("model reply unusable %s model=%s kind=%s error=%s", about, self.model, error.kind, error)
             raise
         logger.info(
-            "model call invoice_id=%s model=%s status=%s elapsed_ms=%d",
-            invoice_id,
-            self.model,
-            response.status_code,
-            elapsed_ms,
+            "model call %s model=%s status=%s elapsed_ms=%d", about, self.model, response.status_code, elapsed_ms
         )
-        return content
+        return answer
 
 
 def call_timeout() -> float:

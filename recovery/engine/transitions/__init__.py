@@ -24,6 +24,7 @@ from ._core import (
     run_version,
 )
 from ._core import _live_lease as lease_is_live
+from .agents import agent_fork, agent_stop, agent_turn_add, agent_turn_record
 from .alerts import (
     alert_delivered,
     alert_deliveries_claim,
@@ -105,6 +106,10 @@ from .tables import (
 )
 
 __all__ = [
+    "agent_fork",
+    "agent_stop",
+    "agent_turn_add",
+    "agent_turn_record",
     "alert_deliveries_claim",
     "alert_delivered",
     "alert_delivery_failed",

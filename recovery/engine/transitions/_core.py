@@ -212,7 +212,7 @@ def leased_run(lease: Lease) -> tuple[WorkflowRun, list[StepExecution]] | None:
     current, else read again (one statement, one snapshot). None if the lease is lost."""
     run, steps = lease.seen.get("run"), lease.seen.get("steps")
     if run is None or steps is None:
-        rows = list(StepExecution.objects.filter(run_id=lease.run_pk).select_related("run").order_by("position"))
+        rows = list(StepExecution.objects.filter(run_id=lease.run_pk).select_related("run").order_by("position", "pk"))
         if not rows:
             run = WorkflowRun.objects.filter(pk=lease.run_pk).first()
             if run is None:
@@ -223,7 +223,7 @@ def leased_run(lease: Lease) -> tuple[WorkflowRun, list[StepExecution]] | None:
         steps = lease.seen["steps"]
     if run.lease_generation != lease.generation or run.state not in LEASED_RUN_STATES:
         return None
-    return run, sorted(steps.values(), key=lambda s: s.position)
+    return run, sorted(steps.values(), key=lambda s: s.order)
 
 
 @dataclass

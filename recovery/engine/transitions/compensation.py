@@ -68,7 +68,7 @@ def _start_compensation(
         step.state = _check(STEP_TRANSITIONS, "compensate", step.state, "step")
         step.next_attempt_at = None
         _save_step(step, ["state", "next_attempt_at"], now, actor)
-    names = [s.step_name for s in sorted(targets, key=lambda s: -s.position)]
+    names = [s.step_name for s in sorted(targets, key=lambda s: s.order, reverse=True)]
     _release_into(run, RunState.COMPENSATING, reason=f"compensating {', '.join(names)}")
     run.lease_generation += 1  # fence out any executor still holding a lease
     _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
@@ -200,8 +200,8 @@ def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunSt
         before = _snap(run)
         _check(RUN_TRANSITIONS, "compensation_done", run.state, "run")
         workflow = get_workflow(run.workflow_name)
-        compensable = {spec.name for spec in workflow.steps if spec.compensation_fn is not None}
         states = dict(StepExecution.objects.filter(run=run).values_list("step_name", "state"))
+        compensable = {name for name in states if workflow.compensates(name)}
         left = [name for name, state in states.items() if name in compensable and state == StepState.SUCCEEDED]
         if not left:
             restored = not StepExecution.objects.filter(

@@ -17,7 +17,7 @@ from recovery import permissions
 from recovery.actions import ACTIONS, StepArg
 from recovery.errors import InvalidTransition, NotPermitted
 from recovery.models import Alert, AlertState, RunState, StepExecution, StepState, WorkflowRun
-from recovery.workflow import Workflow, get_workflow
+from recovery.workflow import JOURNAL_SEPARATOR, Workflow, get_workflow, parse_journal_name
 
 from ._core import _live_lease
 from .tables import RUN_TRANSITIONS, TERMINAL_RUN_STATES
@@ -25,6 +25,7 @@ from .tables import RUN_TRANSITIONS, TERMINAL_RUN_STATES
 # A step in one of these has (had) its effect undone: the run cannot go forward past it.
 UNDONE_STEP_STATES = frozenset({StepState.COMPENSATING, StepState.COMPENSATED, StepState.COMPENSATION_FAILED})
 UNDOABLE_STEP_STATES = (StepState.SUCCEEDED, StepState.COMPENSATION_FAILED)
+AGENT_STOPPED = "agent_stopped"  # the rule of the hold an operator's stop puts on an agent step
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Situation:
             workflow = None
         return cls(
             run=run,
-            steps=sorted(steps, key=lambda s: s.position),
+            steps=sorted(steps, key=lambda s: s.order),
             now=now,
             workflow=workflow,
             live=_live_lease(run, now),
@@ -99,7 +100,8 @@ def why_not(
         return InvalidTransition(
             f"workflow {situation.run.workflow_name!r} is not deployed: its steps cannot be acted on"
         )
-    message = _RULES[spec.transition if spec.transition != "step_resolve" else action](situation, step_name, actor)
+    rule = _RULES[action] if action in _RULES else _RULES[spec.transition]
+    message = rule(situation, step_name, actor)
     if isinstance(message, InvalidTransition):
         return message
     return InvalidTransition(message) if message else None
@@ -219,7 +221,7 @@ def _compensate(s: Situation, step_name: str | None, actor) -> str | InvalidTran
 def compensation_targets(s: Situation, step_name: str | None) -> list[StepExecution]:
     """The steps a compensation of the run (or of ``step_name``) undoes, latest last; raises
     InvalidTransition when there are none or the order forbids it."""
-    compensable = {spec.name for spec in s.workflow.steps if spec.compensation_fn is not None}
+    compensable = {step.step_name for step in s.steps if s.workflow.compensates(step.step_name)}
     unknown = s.unknown()
     if unknown:
         # First establish whether the original action happened at all.
@@ -233,7 +235,7 @@ def compensation_targets(s: Situation, step_name: str | None) -> list[StepExecut
         later = [
             other.step_name
             for other in s.steps
-            if other.position > step.position and other.state in UNDOABLE_STEP_STATES and other.step_name in compensable
+            if other.order > step.order and other.state in UNDOABLE_STEP_STATES and other.step_name in compensable
         ]
         if later:
             raise InvalidTransition(f"compensate {', '.join(later)} first: compensations run in reverse order")
@@ -269,9 +271,7 @@ def _decision(s: Situation, step_name: str | None, actor) -> str:
         return f"{step_name} is not a model step: it has no decision to replace"
     if step.state != StepState.SUCCEEDED:
         return f"step {step_name} has no accepted decision"
-    acted = next(
-        (o for o in s.steps if o.position > step.position and (o.state != StepState.PENDING or o.attempts)), None
-    )
+    acted = next((o for o in s.steps if o.order > step.order and (o.state != StepState.PENDING or o.attempts)), None)
     if acted is not None:
         return (
             f"{acted.step_name} already sent a request built from this decision under its idempotency key "
@@ -284,8 +284,53 @@ def _decision(s: Situation, step_name: str | None, actor) -> str:
 def _override(s: Situation, step_name: str | None, actor) -> str:
     if blocked := _running(s):
         return blocked
-    if not s.step(step_name).refusal or s.run.state != RunState.NEEDS_REVIEW:
+    refusal = s.step(step_name).refusal
+    if not refusal or s.run.state != RunState.NEEDS_REVIEW:
         return f"{step_name} holds no refused proposal to accept"
+    if refusal.get("rule") == AGENT_STOPPED:
+        return f"{step_name} was stopped by an operator: resume the run to let it go on, or fork it from a turn"
+    return ""
+
+
+def _stop_agent(s: Situation, step_name: str | None, actor) -> str:
+    run, step = s.run, s.step(step_name)
+    if not s.workflow.get_step(step_name).is_agent:
+        return f"{step_name} is not an agent step"
+    if run.state not in RUN_TRANSITIONS["hold"][0]:
+        return f"run {run.workflow_id} is {run.state}: there is no agent to stop"
+    if step.state != StepState.PENDING:
+        return f"{step_name} is {step.state}: it has given its final answer"
+    if _stopped(step):
+        return f"{step_name} is already stopped"
+    return ""
+
+
+def _stopped(step: StepExecution) -> bool:
+    return bool(step.refusal) and step.refusal.get("rule") == AGENT_STOPPED
+
+
+def _fork_agent(s: Situation, step_name: str | None, actor) -> str:
+    """Fork an agent from one of its turns (that turn's row)."""
+    run, step = s.run, s.step(step_name)
+    if run.state in TERMINAL_RUN_STATES:
+        return f"run {run.workflow_id} is {run.state}: a finished run cannot be changed this way"
+    if blocked := _running(s) or _forward_blocked(s):
+        return blocked
+    if run.state not in RUN_TRANSITIONS["resume"][0]:
+        return f"cannot fork an agent in a run that is {run.state}"
+    if not s.workflow.get_step(step_name).is_turn:
+        return f"{step_name} is not a model turn of an agent step"
+    if step.state == StepState.SKIPPED:
+        return f"{step_name} is already out of the conversation"
+    agent = s.step(parse_journal_name(step_name).agent)
+    prefix = agent.step_name + JOURNAL_SEPARATOR
+    unknown = [r.step_name for r in s.steps if r.step_name.startswith(prefix) and s.state_of(r) == StepState.UNKNOWN]
+    if unknown:
+        return f"reconcile {', '.join(unknown)} first: its outcome is unknown"
+    later = (o for o in s.steps if o.order > agent.order and not o.step_name.startswith(prefix))
+    acted = next((o for o in later if o.state != StepState.PENDING or o.attempts), None)
+    if acted is not None:
+        return f"{acted.step_name} already acted on the agent's answer: it can no longer be forked for this run"
     return ""
 
 
@@ -308,6 +353,8 @@ _RULES: dict[str, Callable[[Situation, str | None, object], str | InvalidTransit
     "decision_supersede": _decision,
     "step_override": _override,
     "alert_snooze": _snooze,
+    "agent_stop": _stop_agent,
+    "agent_fork": _fork_agent,
 }
 
 

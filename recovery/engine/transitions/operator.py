@@ -69,7 +69,10 @@ def run_resume(
             run=run, state__in=[StepState.FAILED, StepState.UNKNOWN]
         ):
             _restart_budget(step, now, actor)
-        for step in StepExecution.objects.select_for_update().filter(run=run, refusal__isnull=False):
+        held = StepExecution.objects.select_for_update().filter(
+            run=run, refusal__isnull=False, state__in=[StepState.PENDING, StepState.FAILED]
+        )  # a refusal answered to an agent's model (its call skipped) stays on record
+        for step in held:
             _clear_refusal(step)  # its guards run again: a refusal that still holds is recorded again
             _save_step(step, ["refusal", "last_error_kind", "last_error"], now, actor)
         requeued = []

@@ -14,7 +14,7 @@ from recovery.errors import InvalidTransition
 from recovery.models import ApprovalRequest, WorkflowRun
 from recovery.permissions import role_of
 
-from . import alerts, compensation, offers, operator
+from . import agents, alerts, compensation, offers, operator
 
 
 def perform(
@@ -44,7 +44,7 @@ def perform(
     if spec.step == StepArg.REQUIRED and not step_name:
         raise InvalidTransition(f"{action} needs a step")
     transition = next(
-        getattr(m, spec.transition) for m in (operator, compensation, alerts) if hasattr(m, spec.transition)
+        getattr(m, spec.transition) for m in (operator, compensation, alerts, agents) if hasattr(m, spec.transition)
     )
     arguments = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
     arguments.update(spec.options)

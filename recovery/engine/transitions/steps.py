@@ -209,15 +209,33 @@ def _effects_stand(run) -> bool:
 
 
 def step_refuse(
-    *, lease: Lease, step_name: str, rule: str, message: str, values: dict[str, Any], now: datetime | None = None
+    *,
+    lease: Lease,
+    step_name: str,
+    rule: str,
+    message: str,
+    values: dict[str, Any],
+    to_model: bool = False,
+    now: datetime | None = None,
 ) -> StepExecution:
     """A guard refused the step before its intent was checkpointed: nothing was written or
     sent. The step keeps the refusal (which rule, which values) and the run waits for an
-    operator: supersede the decision, override the rule (a supervisor), or terminate."""
+    operator: supersede the decision, override the rule (a supervisor), or terminate. With
+    ``to_model`` (an agent's tool call, by its agent's policy) the call is skipped instead and
+    the refusal is answered to the model; the run goes on."""
     with _leased_step(lease, step_name, "policy_refused", now) as change:
         run, step, now = change.run, change.step, change.now
-        step.state = _check(STEP_TRANSITIONS, "refuse", step.state, "step")
+        step.state = _check(STEP_TRANSITIONS, "refuse_to_model" if to_model else "refuse", step.state, "step")
         cause = redact_text(f"policy refused: {rule}: {message}")
+        if to_model:
+            step.refusal = _redacted(run, {"rule": rule, "message": message, "values": _plain(values)})
+            step.last_error_kind = ErrorKind.POLICY_REFUSED
+            step.last_error = cause[:4000]
+            step.next_attempt_at = None
+            _save_step(step, ["state", "refusal", "last_error_kind", "last_error", "next_attempt_at"], now)
+            change.reason = f"{cause}; answered to the model"[:1000]
+            change.extra = {"refusal": step.refusal}
+            return step
         step.refusal = _redacted(run, {"rule": rule, "message": message, "values": _plain(values)})
         step.last_error_kind = ErrorKind.POLICY_REFUSED
         step.last_error = cause[:4000]

@@ -17,6 +17,11 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
     "review": (frozenset({RunState.RUNNING, RunState.COMPENSATING}), RunState.NEEDS_REVIEW),
     "fail": (frozenset({RunState.RUNNING}), RunState.FAILED),
     "resume": (frozenset({RunState.NEEDS_REVIEW, RunState.FAILED, RunState.WAITING}), RunState.PENDING),
+    # an operator stops an agent step, even while an executor runs it (its lease is fenced off)
+    "hold": (
+        frozenset({RunState.PENDING, RunState.RUNNING, RunState.WAITING, RunState.NEEDS_REVIEW, RunState.FAILED}),
+        RunState.NEEDS_REVIEW,
+    ),
     "terminate": (
         frozenset(
             {
@@ -65,6 +70,11 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "skip": (frozenset({StepState.PENDING}), StepState.SKIPPED),
     # a guard refused the step (or could not read the state it checks) before its intent: nothing sent
     "refuse": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.PENDING),
+    # an agent's tool call a guard refused, answered to the model instead of made: nothing sent
+    "refuse_to_model": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.SKIPPED),
+    # an agent's journal row left out: not made (stopped), or out of the conversation (a fork);
+    # a call that succeeded stays succeeded (its effect stands), an unknown one is reconciled first
+    "leave_out": (frozenset({StepState.PENDING, StepState.FAILED, StepState.SUCCEEDED}), StepState.SKIPPED),
     "defer_check": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.PENDING),
     "compensate": (frozenset({StepState.SUCCEEDED, StepState.COMPENSATION_FAILED}), StepState.COMPENSATING),
     "compensation_begin": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATING),

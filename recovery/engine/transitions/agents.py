@@ -1,0 +1,246 @@
+"""An agent step's journal. Under a lease: a model turn added, a turn's reply recorded with the
+tool calls it asks for (and the agent's final answer), each in one transaction. By an operator:
+the agent stopped, let go on, or forked from a turn.
+
+A call's row is written with the turn that asked for it, never later: after a crash the
+journal holds either the turn and all its calls, or neither (and the turn is asked again,
+since its answer was never recorded)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from recovery import clock
+from recovery.engine import dispatch
+from recovery.errors import ErrorKind
+from recovery.models import RunState, StepExecution, StepState, WorkflowRun
+from recovery.redaction import redact_text
+from recovery.workflow import JOURNAL_SEPARATOR, idempotency_key, parse_journal_name, turn_name
+
+from . import offers
+from ._core import (
+    RUN_LEASE_FIELDS,
+    Lease,
+    _abandon_running_steps,
+    _actor_fields,
+    _audit,
+    _check,
+    _leased_step,
+    _locked_run_by_id,
+    _locked_step,
+    _redacted,
+    _release_into,
+    _save_run,
+    _save_step,
+    _snap,
+    require_reason,
+)
+from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
+
+
+class Call(Protocol):
+    """A requested tool call as its row is written (recovery.engine.agent.NewCall)."""
+
+    name: str
+    tool: str
+    call_id: str
+    arguments: dict[str, Any]
+    error: str
+
+
+def agent_turn_add(
+    *, lease: Lease, agent: str, turn: int, key_version: int, now: datetime | None = None
+) -> StepExecution:
+    """Add the agent's next model turn to its journal, pending (asked next)."""
+    with _leased_step(lease, agent, "agent_turn_add", now) as change:
+        run, now = change.run, change.now
+        row = _new_row(run, change.step.position, turn_name(agent, turn), key_version, now)
+        _remember(lease, row)
+        change.reason = f"model turn {turn}"
+        change.extra = {"turn": turn}
+        return row
+
+
+def agent_turn_record(
+    *,
+    lease: Lease,
+    agent: str,
+    step_name: str,
+    reply: dict[str, Any],
+    calls: Sequence[Call],
+    key_versions: dict[str, int],
+    final: dict[str, Any] | None,
+    complete_run: bool,
+    now: datetime | None = None,
+) -> StepExecution:
+    """Journal a model turn: its reply, and a row for every tool call it asks for — pending,
+    with its validated arguments as its intent and its own key; or skipped, with the error
+    answered to the model (no such tool, invalid arguments). With ``final`` (a reply with no
+    call, valid against the agent's schema) the agent step succeeds with it, and with
+    ``complete_run`` the run completes, in this same transaction."""
+    with _leased_step(lease, step_name, "agent_turn", now) as change:
+        run, step, now = change.run, change.step, change.now
+        step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+        step.result = _redacted(run, reply)
+        step.next_attempt_at = None
+        _save_step(step, ["state", "result", "next_attempt_at"], now)
+        for call in calls:
+            answered = {}
+            if call.error:  # answered to the model as an error: nothing is sent for it
+                answered = {
+                    "state": _check(STEP_TRANSITIONS, "skip", StepState.PENDING, "step"),
+                    "last_error_kind": ErrorKind.PERMANENT,
+                    "last_error": redact_text(call.error)[:4000],
+                }
+            row = _new_row(
+                run,
+                step.position,
+                call.name,
+                key_versions.get(call.tool, 1),
+                now,
+                intent=_redacted(run, call.arguments),
+                **answered,
+            )
+            _remember(lease, row)
+        if final is not None:
+            done = _locked_step(run, agent, lease)
+            done.state = _check(STEP_TRANSITIONS, "succeed", done.state, "step")
+            done.result = _redacted(run, final)
+            done.next_attempt_at = None
+            _save_step(done, ["state", "result", "next_attempt_at"], now)
+            if complete_run:
+                _check(RUN_TRANSITIONS, "complete", run.state, "run")
+                _release_into(run, RunState.COMPLETED)
+                run.current_step = ""
+                _save_run(run, [*RUN_LEASE_FIELDS, "status_reason", "current_step"], now)
+        asked = ", ".join(call.tool for call in calls)
+        change.reason = "final answer" if final is not None else f"asks for {asked}" if calls else "no call"
+        change.extra = {"calls": len(calls), "final": final is not None}
+        return step
+
+
+def _new_row(
+    run: WorkflowRun, position: int, name: str, key_version: int, now: datetime, **fields: Any
+) -> StepExecution:
+    """A journal row at its agent's position (rows keep their order by id), with its own key.
+    The executor's own write: no saved version (see ``_history_user``)."""
+    row = StepExecution(
+        run=run,
+        step_name=name,
+        position=position,
+        key_version=key_version,
+        idempotency_key=idempotency_key(run.workflow_id, name, key_version),
+        updated_at=now,
+        **fields,
+    )
+    row.skip_history_when_saving = True
+    row.save(force_insert=True)
+    return row
+
+
+def _remember(lease: Lease, row: StepExecution) -> None:
+    """The executor's copy of the run's steps gains the new row (see ``Lease.seen``)."""
+    steps = lease.seen.get("steps")
+    if steps is not None:
+        steps[row.step_name] = row
+
+
+# --- by an operator ------------------------------------------------------------------------
+
+
+def agent_stop(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Stop an agent step now, even while an executor runs it: its lease is fenced off (a call
+    in flight then has an unknown outcome, reconciled as any), the journal's rows not yet made
+    are left out (nothing is sent for them), the step is held and the run waits for an
+    operator — who resumes the run (the agent goes on), forks it from a turn, compensates or
+    terminates."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        offers.require("stop_agent", run, now, step_name=step_name, actor=actor)
+        unknown = _abandon_running_steps(run, now, actor)
+        agent = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        before = _snap(run, agent)
+        who = _actor_fields(actor)["actor"]
+        left_out = []
+        for row in _journal(run, step_name):
+            if row.state == StepState.PENDING and not row.attempts:
+                _leave_out(row, f"not made: the agent was stopped by {who}: {reason}", now, actor)
+                left_out.append(row.step_name)
+        agent.refusal = {"rule": offers.AGENT_STOPPED, "message": f"stopped by {who}: {reason}", "values": {}}
+        _save_step(agent, ["refusal"], now, actor)
+        _check(RUN_TRANSITIONS, "hold", run.state, "run")
+        _release_into(run, RunState.NEEDS_REVIEW, reason=f"{step_name}: the agent was stopped by {who}: {reason}")
+        run.lease_generation += 1  # fence off an executor still running it
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        after = {**_snap(run, agent), "left_out": left_out, **({"steps_now_unknown": unknown} if unknown else {})}
+        _audit(run, "agent_stop", actor=actor, step_name=step_name, reason=reason, before=before, after=after, now=now)
+        return run
+
+
+def agent_fork(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Fork an agent step from one of its turns (``step_name``, that turn's row): that turn and
+    every later one leave the conversation, with their calls not made yet; the model is asked
+    again from the turns before it, and every later turn and call gets a new key version.
+    Calls that succeeded stay as they are — their effects stand until an operator compensates
+    them, explicitly. A stop is lifted (so is it by resuming the run)."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        offers.require("fork_agent", run, now, step_name=step_name, actor=actor)
+        turn = parse_journal_name(step_name)
+        agent = StepExecution.objects.select_for_update().get(run=run, step_name=turn.agent)
+        before = _snap(run, agent)
+        who = _actor_fields(actor)["actor"]
+        left_out = []
+        for row in _journal(run, turn.agent):
+            entry = parse_journal_name(row.step_name)
+            made = entry.tool is not None and row.state == StepState.SUCCEEDED
+            if entry.turn >= turn.turn and row.state != StepState.SKIPPED and not made:
+                _leave_out(row, f"left out by {who}'s fork from turn {turn.turn}: {reason}", now, actor)
+                left_out.append(row.step_name)
+        agent.key_version += 1  # every later turn and call: a new key version
+        agent.state, agent.result, agent.refusal = StepState.PENDING, None, None
+        _save_step(agent, ["key_version", "state", "result", "refusal"], now, actor)
+        _check(RUN_TRANSITIONS, "resume", run.state, "run")
+        _release_into(run, RunState.PENDING, reason=f"{turn.agent}: forked from turn {turn.turn} by {who}")
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        after = {**_snap(run, agent), "key_version": agent.key_version, "left_out": left_out}
+        _audit(run, "agent_fork", actor=actor, step_name=step_name, reason=reason, before=before, after=after, now=now)
+        dispatch.enqueue_run(run.pk)
+        return run
+
+
+def _journal(run: WorkflowRun, agent: str) -> list[StepExecution]:
+    rows = StepExecution.objects.select_for_update().filter(run=run, step_name__startswith=agent + JOURNAL_SEPARATOR)
+    return list(rows.order_by("position", "id"))
+
+
+def _leave_out(row: StepExecution, why: str, now: datetime, actor: AbstractBaseUser | None) -> None:
+    row.state = _check(STEP_TRANSITIONS, "leave_out", row.state, "step")
+    row.last_error = redact_text(why)[:4000]
+    row.next_attempt_at = None
+    _save_step(row, ["state", "last_error", "next_attempt_at"], now, actor)
