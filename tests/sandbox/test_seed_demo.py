@@ -30,18 +30,19 @@ from recovery.models import (
 )
 from sandbox import demo, faults
 from sandbox.management.commands import seed_demo
-from sandbox.management.commands.seed_demo import SCENARIOS, sandbox_server
+from sandbox.management.commands.seed_demo import DISPUTES, SCENARIOS, sandbox_server
 from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task
 from tests.support.engine import subprocess_env
 
+RUNS = len(SCENARIOS) + len(DISPUTES)
 SANDBOX_AUTH = {"Authorization": f"Bearer {django_settings.SANDBOX_API_KEY}"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])]
 
 MIX = {
-    RunState.COMPLETED: 5,
+    RunState.COMPLETED: 7,  # 5 invoices, 2 disputes
     RunState.WAITING: 1,
-    RunState.NEEDS_REVIEW: 4,
+    RunState.NEEDS_REVIEW: 5,  # 4 invoices, the stopped dispute
     RunState.FAILED: 1,
     RunState.COMPENSATED: 1,
     RunState.COMPENSATION_FAILED: 1,
@@ -84,7 +85,7 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
 
     line = seed()
 
-    assert line.startswith(f"seed_demo: {len(SCENARIOS)} demo invoice runs ({len(SCENARIOS)} new): ")
+    assert line.startswith(f"seed_demo: {RUNS} demo runs, 13 invoices and 3 disputes ({RUNS} new): ")
     assert Counter(WorkflowRun.objects.values_list("state", flat=True)) == MIX
     for state, count in MIX.items():
         assert f"{state} {count}" in line
@@ -97,21 +98,32 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
         last_error_kind="permanent", state=StepState.FAILED
     )
     assert task_keys == sorted(created.values_list("idempotency_key", flat=True))
-    sent = Message.objects.filter(kind=MessageKind.MESSAGE)
+    told = list(
+        StepExecution.objects.filter(step_name__endswith=":notify_customer").values_list("idempotency_key", flat=True)
+    )
+    sent = Message.objects.filter(kind=MessageKind.MESSAGE).exclude(client_ref__in=told)  # the approvers'
     delivered = OutboxMessage.objects.filter(state=OutboxState.DELIVERED)
     assert sorted(sent.values_list("client_ref", flat=True)) == sorted(
         delivered.values_list("idempotency_key", flat=True)
     )
     posted = StepExecution.objects.filter(step_name="post_ledger_entry", remote_ref__startswith="le_")
-    assert sorted(LedgerEntry.objects.filter(kind="entry").values_list("reference", flat=True)) == sorted(
+    assert sorted(LedgerEntry.objects.filter(kind="entry", amount__gt=0).values_list("reference", flat=True)) == sorted(
         posted.values_list("run__workflow_id", flat=True)
     )
+    # The disputes: a credit note for the stated overcharge, a refused one escalated, a stopped agent.
+    credited = step("dispute:acme:D-501", "resolve_dispute:2:0:issue_credit_note")
+    [note] = LedgerEntry.objects.filter(kind="entry", amount__lt=0)
+    assert (note.reference, str(note.amount)) == (credited.idempotency_key, "-120.00")
+    assert step("dispute:initech:D-502", "resolve_dispute").result["outcome"] == "escalated"
+    assert step("dispute:initech:D-502", "resolve_dispute:2:0:issue_credit_note").refusal["rule"] == "credit_limit"
+    stopped = run("dispute:hooli:D-503")
+    assert stopped.state == RunState.NEEDS_REVIEW and "stopped by supervisor" in stopped.status_reason
     assert faults.counts() == {
         "tasks": 10,
         "tasks_cancelled": 1,
-        "messages": 8,
+        "messages": 10,  # 8 approvers, 2 customers
         "corrections": 2,
-        "ledger_entries": 7,
+        "ledger_entries": 8,  # 7 invoices, 1 credit note
         "ledger_reversals": 1,
     }
     assert not Fault.objects.exists()  # the seed's faults were all consumed and removed
@@ -132,7 +144,10 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     assert step("invoice:wayne:WE-3302", "post_ledger_entry").last_error_kind == "rate_limited"
     assert step("invoice:umbrella:UMB-0043", "create_approval_task").state == StepState.COMPENSATION_FAILED
     by_hand = AuditEvent.objects.exclude(actor="executor")
-    assert sorted(by_hand.values_list("actor", "action")) == [("supervisor", "compensate")] * 2
+    assert (
+        sorted(by_hand.values_list("actor", "action"))
+        == [("supervisor", "agent_stop")] + [("supervisor", "compensate")] * 2
+    )
     assert all(r.created_at <= timezone.now() and not r.lease_owner for r in WorkflowRun.objects.all())
     assert StepExecution.objects.filter(state=StepState.RUNNING).count() == 0
 
@@ -143,8 +158,8 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     before = sandbox_objects()
     events = AuditEvent.objects.count()
     line = seed()
-    assert f"({len(SCENARIOS)} new)" not in line and "(0 new)" in line
-    assert WorkflowRun.objects.count() == len(SCENARIOS)
+    assert f"({RUNS} new)" not in line and "(0 new)" in line
+    assert WorkflowRun.objects.count() == RUNS
     assert AuditEvent.objects.count() == events
     assert sandbox_objects() == before
 
@@ -205,7 +220,7 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
     monkeypatch.setattr(seed_demo, "publish", intruding_publish)
     line = seed("--reset", "--as", "supervisor")
 
-    assert f"({len(SCENARIOS)} new), generation 2 (ids end in -r2)" in line
+    assert f"({RUNS} new), generation 2 (ids end in -r2)" in line
     assert f"{len(unfinished)} unfinished run(s) of the previous generation terminated" in line
     assert len(intruded) > 2 * len(SCENARIOS) and set(intruded) == {None}
     second = WorkflowRun.objects.exclude(workflow_id__in=first)
@@ -220,7 +235,7 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
     assert {(e.actor, e.reason.split(":")[0]) for e in terminations} == {("supervisor", "demo reset by supervisor")}
     assert AuditEvent.objects.count() > events
     # One effect per run again: the second play's objects carry its own keys.
-    assert Task.objects.count() == 2 * 10 and LedgerEntry.objects.filter(kind="entry").count() == 2 * 7
+    assert Task.objects.count() == 2 * 10 and LedgerEntry.objects.filter(kind="entry").count() == 2 * 8
     refused = run("invoice:globex:GX-2024-119-r2")
     assert refused.status_reason.startswith("policy refused: approval_policy")  # the model's script followed
 
@@ -268,9 +283,9 @@ def test_the_demo_pages_reset_button_plays_the_demo_again_in_a_process_of_its_ow
     while "seed_demo:" not in demo.RESET_LOG.read_text() and time.monotonic() < deadline:
         time.sleep(0.5)
     output = demo.RESET_LOG.read_text()
-    assert "(13 new), generation 2 (ids end in -r2)" in output, output
-    assert WorkflowRun.objects.filter(workflow_id__endswith="-r2").count() == len(SCENARIOS)
-    assert AuditEvent.objects.filter(action="terminate", actor="supervisor").count() == 7
+    assert f"({RUNS} new), generation 2 (ids end in -r2)" in output, output
+    assert WorkflowRun.objects.filter(workflow_id__endswith="-r2").count() == RUNS
+    assert AuditEvent.objects.filter(action="terminate", actor="supervisor").count() == 8
     page = client.get("/demo")
     assert "The demo runs are generation 2 (ids ending in -r2)." in page.text
     assert "generation 2 (ids end in -r2)" in page.text  # the last reset's output, on the page

@@ -48,10 +48,11 @@ class Recorded:
 
 class Stub:
     """A scripted OpenAI-compatible server: replies are taken from ``replies`` in order (the
-    last one repeats); every request is recorded."""
+    last one repeats), or made by ``answer`` from each request's body; every request is recorded."""
 
     def __init__(self) -> None:
         self.replies: deque[Reply] = deque()
+        self.answer: Any = None  # body -> Reply
         self.requests: list[Recorded] = []
         self.release = threading.Event()  # set at shutdown so that a delayed reply stops waiting
         stub = self
@@ -65,9 +66,14 @@ class Stub:
                 except ValueError:
                     body = raw
                 stub.requests.append(Recorded("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body))
-                reply = (
-                    stub.replies.popleft() if len(stub.replies) > 1 else (stub.replies[0] if stub.replies else Reply())
-                )
+                if stub.answer is not None:
+                    reply = stub.answer(body)
+                else:
+                    reply = (
+                        stub.replies.popleft()
+                        if len(stub.replies) > 1
+                        else (stub.replies[0] if stub.replies else Reply())
+                    )
                 if reply.delay and stub.release.wait(reply.delay):
                     return  # shutting down: drop the connection
                 payload = reply.body
@@ -110,6 +116,17 @@ def stub() -> Iterator[Stub]:
         server.server.shutdown()
         server.server.server_close()
         thread.join(timeout=2)
+
+
+def function_calling(body: Any) -> Reply:
+    """An OpenAI-compatible model with function calling, for the dispute workflow: the offline
+    rules agent's reply to the conversation it is sent, as a chat completion."""
+    from workflows.dispute.agent import RulesAgent
+
+    if not isinstance(body, dict) or not body.get("tools"):
+        return Reply(status=400, body={"error": {"message": "expected messages and tools"}})
+    message = RulesAgent().chat(messages=body["messages"], tools=body["tools"], about="stub")
+    return Reply(body={**completion(message.get("content")), "choices": [{"index": 0, "message": message}]})
 
 
 def completion(content: str | None, *, refusal: str | None = None) -> dict:

@@ -2,6 +2,7 @@
 simulated ledger and messenger — looks the invoice up, credits the overcharge with a credit note
 (a reversing entry), tells the customer — with every turn journaled and every call made once."""
 
+import json
 from decimal import Decimal
 
 import pytest
@@ -13,6 +14,7 @@ from recovery.workflow import compensation_key
 from sandbox import faults
 from sandbox.models import LedgerEntry, LedgerKind, Message
 from tests.support.engine import assert_invariants, drive, person
+from tests.support.model_server import API_KEY, function_calling
 from workflows.dispute import agent as dispute_agent
 from workflows.invoice import adapters
 
@@ -178,3 +180,20 @@ test_dispute_fault_matrix = fault_matrix(
     fixtures=("dispute_sandbox",),
     databases=("default", "sandbox"),
 )
+
+
+def test_the_dispute_runs_against_an_openai_compatible_server_with_function_calling(clock, posted, stub, settings):
+    settings.MODEL_PROVIDER, settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = "openai", stub.base_url, API_KEY
+    stub.answer = function_calling
+    run = drive(start(), clock)
+
+    assert run.state == RunState.COMPLETED
+    assert len(credit_notes()) == 1 and Message.objects.using("sandbox").count() == 1
+    assert len(stub.requests) == 4  # one request per model turn
+    first, second = stub.requests[0].body, stub.requests[1].body
+    names = {tool["function"]["name"] for tool in first["tools"]}
+    assert names == {"look_up_invoice", "issue_credit_note", "notify_customer"}
+    assert first["tools"][1]["function"]["parameters"]["required"] == ["invoice_id", "amount", "reason"]
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
+    assert json.loads(second["messages"][3]["content"])["result"]["amount"] == "1840.00"
+    assert stub.requests[0].headers["authorization"] == f"Bearer {API_KEY}"

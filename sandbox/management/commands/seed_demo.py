@@ -132,6 +132,41 @@ SCENARIOS = (
 # fmt: on
 
 
+@dataclass(frozen=True)
+class Dispute:
+    """A customer's dispute about one of the demo invoices, resolved by the dispute workflow's
+    agent (played after the invoices, whose ledger entries it looks up)."""
+
+    tenant: str
+    dispute_id: str
+    invoice_id: str  # a scenario's, above
+    customer: str
+    complaint: str
+    play: str
+
+    def event(self, generation: int = 1) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "dispute_id": invoice_id(self.dispute_id, generation),
+            "invoice_id": invoice_id(self.invoice_id, generation),
+            "customer": self.customer,
+            "complaint": self.complaint,
+        }
+
+
+# fmt: off
+DISPUTES = (
+    Dispute("acme", "D-501", "INV-1001", "ap@acme.example",
+            "Invoice INV-1001 overcharged us by 120.00 EUR: two chairs arrived damaged and went back.", "plain"),
+    Dispute("initech", "D-502", "IN-5531", "finance@initech.example",
+            "You charged us twice for invoice IN-5531.", "plain"),
+    Dispute("hooli", "D-503", "HL-889", "office@hooli.example",
+            "Invoice HL-889 overcharged us by 80.00 EUR: the windows were not cleaned.", "dispute_stopped"),
+)
+# fmt: on
+DISPUTE_OUTCOMES = {"D-501": RunState.COMPLETED, "D-502": RunState.COMPLETED, "D-503": RunState.NEEDS_REVIEW}
+
+
 class Command(RecoveryCommand):
     help = (
         "Seed a dozen demo invoice runs in every state (completed, waiting, needs_review, failed, compensated, "
@@ -169,7 +204,8 @@ class Command(RecoveryCommand):
         which = f", generation {seeded.generation} (ids end in -r{seeded.generation})" if seeded.generation > 1 else ""
         closed = f"; {seeded.terminated} unfinished run(s) of the previous generation terminated" if reset else ""
         self.stdout.write(
-            f"seed_demo: {seeded.states.total()} demo invoice runs ({seeded.new} new){which}: {counts}{closed}"
+            f"seed_demo: {seeded.states.total()} demo runs, {len(SCENARIOS)} invoices and {len(DISPUTES)} disputes "
+            f"({seeded.new} new){which}: {counts}{closed}"
         )
 
 
@@ -184,6 +220,11 @@ class Seeded:
 def generation_ids(generation: int) -> list[str]:
     workflow = get_workflow("invoice")
     return [workflow.workflow_id(workflow.validate_input(s.event(generation))) for s in SCENARIOS]
+
+
+def dispute_ids(generation: int) -> list[str]:
+    workflow = get_workflow("dispute")
+    return [workflow.workflow_id(workflow.validate_input(d.event(generation))) for d in DISPUTES]
 
 
 def current_generation() -> int:
@@ -218,19 +259,24 @@ def seed_demo(
         previous = current_generation()
         generation = generation_after_reset(previous) if reset else previous
         ids = generation_ids(generation)
-        existing = set(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("workflow_id", flat=True))
+        existing = set(
+            WorkflowRun.objects.filter(workflow_id__in=ids + dispute_ids(generation)).values_list(
+                "workflow_id", flat=True
+            )
+        )
         pending = [s for s, wid in zip(SCENARIOS, ids, strict=True) if wid not in existing]
+        disputes = [d for d, wid in zip(DISPUTES, dispute_ids(generation), strict=True) if wid not in existing]
         if pending:
             _refuse_foreign_faults()
         if settings.DEBUG:
             for role in ROLES:
                 create_operator(username=role, group=role, password=role)
         terminated = 0
-        if pending:
+        if pending or disputes:
             supervisor = _supervisor(username)
             if generation != previous:
                 reason = f"demo reset by {supervisor.get_username()}: played again as generation {generation}"
-                terminated = _close(generation_ids(previous), supervisor, reason)
+                terminated = _close(generation_ids(previous) + dispute_ids(previous), supervisor, reason)
             url = (sandbox_url or settings.SANDBOX_URL).rstrip("/")
             timeout = min(settings.RECOVERY_HTTP_TIMEOUT, SEED_HTTP_TIMEOUT)
             with (
@@ -250,11 +296,13 @@ def seed_demo(
                 )
                 try:
                     seeder.play(pending)
+                    seeder.play_disputes(disputes)
                 finally:
                     seeder.disarm()
                     seeder.release()
+        ids += dispute_ids(generation)
         states = Counter(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("state", flat=True))
-    return Seeded(generation=generation, states=states, new=len(pending), terminated=terminated)
+    return Seeded(generation=generation, states=states, new=len(pending) + len(disputes), terminated=terminated)
 
 
 def _close(ids: list[str], supervisor: AbstractBaseUser, reason: str) -> int:
@@ -398,6 +446,20 @@ class Seeder:
                 expected = OUTCOMES[scenario.play]
                 self.warn(f"seed_demo: {run.workflow_id} ended {run.state}, expected {expected}")
 
+    def play_disputes(self, disputes: list[Dispute]) -> None:
+        """After the invoices: each dispute in the slot after the last invoice's, on the past clock."""
+        for number, dispute in enumerate(disputes, start=1):
+            self.clock.set(self.start + SLOT * (len(SCENARIOS) - len(LIVE)) + SLOT * number / (len(DISPUTES) + 1))
+            with engine_clock.driven_by(self.clock.now):
+                reserve = (OWNER, timezone.now() + RESERVATION)
+                run, _ = transitions.run_start(workflow="dispute", data=dispute.event(self.generation), reserve=reserve)
+                self.played.append(run.pk)
+                run = getattr(self, dispute.play)(run)
+            if run.state != DISPUTE_OUTCOMES[dispute.dispute_id]:
+                self.warn(
+                    f"seed_demo: {run.workflow_id} ended {run.state}, expected {DISPUTE_OUTCOMES[dispute.dispute_id]}"
+                )
+
     def _play(self, scenario: Scenario) -> WorkflowRun:
         # Reserved for the seed in real time: executors running beside it (make run's, Celery's)
         # leave the run alone until the seed has played its story and released it.
@@ -506,6 +568,20 @@ class Seeder:
     def message_forbidden(self, run: WorkflowRun) -> WorkflowRun:
         self.arm("messages", "send", "forbidden")
         return self.drive(run)
+
+    def dispute_stopped(self, run: WorkflowRun) -> WorkflowRun:
+        """The ledger is down when the agent issues its credit note; while the call waits for
+        its retry, a supervisor stops the agent: nothing more is asked or sent until someone
+        resumes it, forks it from a turn, or closes the dispute."""
+        self.arm("ledger", "post", "unavailable")
+        run = self.drive(run, jump=False)
+        self.clock.advance(120)
+        return transitions.agent_stop(
+            workflow_id=run.workflow_id,
+            step_name="resolve_dispute",
+            actor=self.supervisor,
+            reason="demo: the customer called; the credit is being checked with the cleaning contract",
+        )
 
     def ledger_rate_limited(self, run: WorkflowRun) -> WorkflowRun:
         self.arm("ledger", "post", "rate_limit", retry_after=600)
