@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from recovery.actions import ACTIONS
-from recovery.engine.transitions import TERMINAL_RUN_STATES, UNDONE_STEP_STATES, lease_is_live
+from recovery.engine.transitions import AGENT_STOPPED, TERMINAL_RUN_STATES, UNDONE_STEP_STATES, lease_is_live
 from recovery.errors import ErrorKind
 from recovery.models import (
     ApprovalRequest,
@@ -89,9 +89,14 @@ def why_not_moving(
         failed = next((s for s in steps if s.state == StepState.COMPENSATION_FAILED), None)
         what = f"the compensation of {failed.step_name} failed" if failed else "a compensation failed"
         return f"{what}: {run.status_reason}; compensate again once the cause is fixed, or terminate"
-    refused = next((s for s in steps if s.refusal), None)
+    refused = next((s for s in steps if s.refusal and s.state != StepState.SKIPPED), None)  # skipped: answered
     if refused is not None and state == RunState.NEEDS_REVIEW:
         rule = refused.refusal.get("rule", "")
+        if rule == AGENT_STOPPED:
+            return (
+                f"paused: the agent {refused.step_name} was {refused.refusal.get('message', 'stopped')}; "
+                "resume to let it go on, or a supervisor forks it from a turn"
+            )
         return (
             f"paused: policy refused {refused.step_name} ({rule}: {refused.refusal.get('message', '')}); "
             "change the decision, or a supervisor accepts the proposal"

@@ -6,8 +6,10 @@ reconciled by the tool's own contract."""
 
 import hashlib
 import json
+from io import StringIO
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db.models import Q
 
 from recovery.engine import failpoints, transitions
@@ -398,3 +400,25 @@ def test_a_finished_agent_cannot_be_stopped_or_forked(clock):
     for action, step in (("stop_agent", "resolve"), ("fork_agent", "resolve:2")):
         with pytest.raises(InvalidTransition):
             transitions.perform(action, workflow_id=run.workflow_id, step_name=step, actor=person(action), reason="r")
+
+
+def test_stop_and_fork_from_the_shell_go_through_the_same_transitions_and_checks(clock):
+    run = waiting_on_a_failed_credit(clock)
+    person("olga", "operator")
+    person("sue")
+    out = StringIO()
+
+    call_command(
+        "recover", "stop_agent", run.workflow_id, "--step", "resolve", "--reason", "r", "--as", "olga", stdout=out
+    )
+    with pytest.raises(CommandError, match="needs the supervisor role"):
+        call_command("recover", "fork_agent", run.workflow_id, "--step", "resolve:2", "--reason", "r", "--as", "olga")
+    with pytest.raises(CommandError, match="resolve is not a model turn"):
+        call_command("recover", "fork_agent", run.workflow_id, "--step", "resolve", "--reason", "r", "--as", "sue")
+    call_command(
+        "recover", "fork_agent", run.workflow_id, "--step", "resolve:2", "--reason", "r", "--as", "sue", stdout=out
+    )
+
+    actions = list(AuditEvent.objects.filter(run=run, actor__in=["olga", "sue"]).values_list("actor", "action"))
+    assert actions == [("olga", "agent_stop"), ("sue", "agent_fork")]
+    assert drive(run, clock).state == RunState.COMPLETED

@@ -50,7 +50,7 @@ from .leases import (
     runs_release_reservation,
     sweeper_beat,
 )
-from .offers import UNDONE_STEP_STATES, Situation, offered, why_not
+from .offers import AGENT_STOPPED, UNDONE_STEP_STATES, Situation, offered, why_not
 from .operator import (
     BUDGET_FIELDS,
     LABELS,
@@ -106,6 +106,7 @@ from .tables import (
 )
 
 __all__ = [
+    "AGENT_STOPPED",
     "agent_fork",
     "agent_stop",
     "agent_turn_add",

@@ -27,7 +27,8 @@ class Command(RecoveryCommand):
         parser.add_argument(
             "--step",
             help="the step (retry, reconcile, resolve_*, supersede, decide_again, override; "
-            "compensate: one step instead of the run)",
+            "compensate: one step instead of the run; stop_agent: the agent step; fork_agent: the turn, "
+            "e.g. resolve_dispute:2)",
         )
         parser.add_argument("--remote-ref", default="", help="resolve_happened: the remote id that shows it happened")
         decision = parser.add_mutually_exclusive_group()
