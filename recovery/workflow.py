@@ -683,7 +683,7 @@ class Workflow:
         def decorate(fn: Callable) -> ToolSpec:
             tool_name = name or fn.__name__
             if not _TOOL_NAME.fullmatch(tool_name):
-                raise ValueError(f"tool name {tool_name!r}: letters, digits, _ and - only (at most 64)")
+                raise ValueError(f"tool name {tool_name!r}: letters, digits, _ and - only (at most 40)")
             if tool_name in self.tools:
                 raise ValueError(f"workflow {self.name!r} already has a tool named {tool_name!r}")
             spec = ToolSpec(

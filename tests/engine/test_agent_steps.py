@@ -422,3 +422,30 @@ def test_stop_and_fork_from_the_shell_go_through_the_same_transitions_and_checks
     actions = list(AuditEvent.objects.filter(run=run, actor__in=["olga", "sue"]).values_list("actor", "action"))
     assert actions == [("olga", "agent_stop"), ("sue", "agent_fork")]
     assert drive(run, clock).state == RunState.COMPLETED
+
+
+def test_a_declaration_that_cannot_be_journaled_is_refused_at_import():
+    from pydantic import BaseModel
+
+    from recovery.workflow import _REGISTRY, Workflow
+
+    class Args(BaseModel):
+        n: int
+
+    wf = Workflow("test_agent_declarations", version=1, workflow_id=lambda i: "x")
+    with pytest.raises(ValueError, match="letters, digits, _ and - only"):
+        wf.tool(arguments=Args, name="look up")(lambda ctx: None)
+    with pytest.raises(ValueError, match="already has a tool"):
+        wf.tool(arguments=Args, name="t")(lambda ctx: None)
+        wf.tool(arguments=Args, name="t")(lambda ctx: None)
+    with pytest.raises(ValueError, match="is not a tool of workflow"):
+        wf.agent(tools=[get_workflow("test_agent").tools["credit"]], schema=Args)
+    with pytest.raises(ValueError, match="at least one tool"):
+        wf.agent(tools=[], schema=Args)
+    with pytest.raises(ValueError, match="marks an agent's journal rows"):
+        wf.step(name="a:b")(lambda ctx: None)
+    with pytest.raises(ValueError, match="refusals="):
+        wf.agent(tools=[wf.tools["t"]], schema=Args, refusals="ignore")
+    with pytest.raises(ValueError, match="guard its tools"):
+        wf.agent(tools=[wf.tools["t"]], schema=Args, name="ask")(lambda ctx: None).guard("rule")
+    _REGISTRY.pop("test_agent_declarations")
