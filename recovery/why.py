@@ -159,10 +159,14 @@ def _failed(run: WorkflowRun, steps: list[StepExecution]) -> str:
     failed = next((s for s in steps if s.state == StepState.FAILED), None)
     where = f"failed at {failed.step_name} ({_error(failed)})" if failed else f"failed: {run.status_reason}"
     try:
-        writes = set(get_workflow(run.workflow_name).writing_steps())
+        workflow = get_workflow(run.workflow_name)
     except LookupError:
-        writes = set()
-    made = [s.step_name for s in steps if s.state == StepState.SUCCEEDED and s.step_name in writes]
+        workflow = None
+    made = [
+        s.step_name
+        for s in steps
+        if s.state == StepState.SUCCEEDED and workflow is not None and workflow.writes(s.step_name)
+    ]
     if made:
         return f"{where}; effects made by {', '.join(made)} stand: compensate them, or terminate to keep them"
     return f"{where}; nothing was written elsewhere"

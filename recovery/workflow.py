@@ -485,9 +485,14 @@ class Workflow:
         """How long a run may be stuck for ``cause`` before it raises an alert (None: never)."""
         return self.stuck_after.get(cause, self.stuck_after.get("any"))
 
-    def writing_steps(self) -> list[str]:
-        """The steps whose effect, once made, stands elsewhere (not a model step's decision)."""
-        return [spec.name for spec in self.steps if spec.writes and not spec.asks_model]
+    def writes(self, step_name: str) -> bool:
+        """Whether the step (or agent's tool call) of that name has an effect that, once made,
+        stands elsewhere (not a model's decision, not a model turn)."""
+        try:
+            spec = self.get_step(step_name)
+        except LookupError:
+            return False
+        return spec.writes and not spec.asks_model
 
     def acts_on_decision(self, spec: StepSpec) -> bool:
         """Whether ``spec`` writes after a model step: what it sends may come from the model."""

@@ -449,3 +449,19 @@ def test_a_declaration_that_cannot_be_journaled_is_refused_at_import():
     with pytest.raises(ValueError, match="guard its tools"):
         wf.agent(tools=[wf.tools["t"]], schema=Args, name="ask")(lambda ctx: None).guard("rule")
     _REGISTRY.pop("test_agent_declarations")
+
+
+def test_a_run_that_fails_after_a_tool_wrote_says_its_effects_stand(clock):
+    receivers.arm("message", "forbidden")
+    run = drive(start(), clock)
+
+    assert run.state == RunState.FAILED
+    assert run.effects_stand is True  # the credit note stands: the console lists it under "Failed, effects stand"
+    assert receivers.counts()["ledger"] == 1
+
+
+def test_a_run_that_fails_before_any_tool_wrote_has_no_standing_effects(clock):
+    receivers.arm("ledger", "forbidden")
+    run = drive(start(), clock)
+
+    assert run.state == RunState.FAILED and run.effects_stand is False  # find_invoice only read

@@ -203,9 +203,8 @@ def _effects_stand(run) -> bool:
         workflow = get_workflow(run.workflow_name)
     except LookupError:
         return False
-    return StepExecution.objects.filter(
-        run=run, state=StepState.SUCCEEDED, step_name__in=workflow.writing_steps()
-    ).exists()
+    made = StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED).values_list("step_name", flat=True)
+    return any(workflow.writes(name) for name in made)
 
 
 def step_refuse(
