@@ -465,3 +465,30 @@ def test_a_run_that_fails_before_any_tool_wrote_has_no_standing_effects(clock):
     run = drive(start(), clock)
 
     assert run.state == RunState.FAILED and run.effects_stand is False  # find_invoice only read
+
+
+def test_an_operator_settles_an_unknown_tool_outcome_with_evidence_and_the_agent_goes_on(clock, monkeypatch):
+    credit = get_workflow("test_agent").tools["credit"]
+    monkeypatch.setattr(credit, "lookup_fn", lambda ctx: None)  # the ledger's look-up cannot see it
+    monkeypatch.setattr(credit, "settle", None)  # and may still commit it at any time: a person decides
+    receivers.arm("ledger", "commit_then_drop")
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    call = run.steps.get(step_name="resolve:2:0:credit")
+    assert call.state == StepState.UNKNOWN and receivers.counts()["ledger"] == 1
+
+    entry = RemoteObject.objects.get(kind="ledger")
+    transitions.step_resolve(
+        workflow_id=run.workflow_id,
+        step_name=call.step_name,
+        actor=person("sue"),
+        reason="found it in the ledger by hand",
+        happened=True,
+        remote_ref=f"entry-{entry.pk}",
+    )
+    run = drive(run, clock)
+
+    assert run.state == RunState.COMPLETED
+    call.refresh_from_db()
+    assert (call.state, call.remote_ref) == (StepState.SUCCEEDED, f"entry-{entry.pk}")
+    assert receivers.counts() == {"task": 0, "message": 1, "ledger": 1, "model_call": 3}  # no second entry
