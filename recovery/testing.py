@@ -13,7 +13,8 @@ for its time), and checks the invariants:
 - the run ends completed or in an explicit review / failed / compensated state with its reason,
   never silently, and a finished run stays finished; a rate limit that lifts ends completed, and
   no case ends in an executor error (an engine or workflow bug);
-- no executor takes a run over while another's call is in flight and its heartbeat beats.
+- no executor takes a run over while another's call is in flight and its heartbeat beats;
+- an agent step asks no journaled turn again: no two of its turns ask with the same conversation.
 
 For every step with an external effect (the outbox publisher included) it also arms the faults
 of receivers that answer late or not at all, built from how they fail in production rather than
@@ -505,12 +506,29 @@ def check(
                 problems.append(f"{spec.name} is {step.state} without its remote reference")
         elif step.state in (StepState.PENDING, StepState.SKIPPED) and n != 0:
             problems.append(f"{spec.name} never ran but {n} remote object(s) exist")
+    problems += _asked_again(calls, steps)
     if run.state in TERMINAL_RUN_STATES:
         before = run.state
         if advance(run.pk, owner="fault-matrix") is not None or WorkflowRun.objects.get(pk=run.pk).state != before:
             problems.append(f"a finished run ({before}) moved without an explicit transition")
     if problems:
         raise MatrixViolation(f"[{workflow.name} {case.id}] " + "; ".join(problems))
+
+
+def _asked_again(journal: list[StepSpec], steps: dict[str, StepExecution]) -> list[str]:
+    """An agent's turns in the conversation must each ask with a conversation no other asked
+    with: a journaled turn asked again (as a new turn) would repeat one."""
+    asked: dict[str, str] = {}
+    problems = []
+    for spec in journal:
+        step = steps[spec.name]
+        if not spec.is_turn or step.state == StepState.SKIPPED or not step.intent:
+            continue
+        conversation = step.intent.get("conversation", "")
+        if conversation in asked:
+            problems.append(f"{spec.name} asked the model what {asked[conversation]} had asked already")
+        asked[conversation] = spec.name
+    return problems
 
 
 def fault_matrix(
