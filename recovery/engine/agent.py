@@ -42,7 +42,6 @@ class NewCall:
 
     name: str
     tool: str
-    call_id: str
     arguments: dict[str, Any]
     error: str = ""
 
@@ -207,7 +206,6 @@ def new_calls(policy: AgentPolicy, agent: str, turn: int, reply: Reply) -> list[
             NewCall(
                 name=name,
                 tool=call["name"],
-                call_id=call["id"],
                 arguments=arguments if isinstance(arguments, dict) else {"value": arguments},
                 error=error[:2000],
             )

@@ -492,3 +492,16 @@ def test_an_operator_settles_an_unknown_tool_outcome_with_evidence_and_the_agent
     call.refresh_from_db()
     assert (call.state, call.remote_ref) == (StepState.SUCCEEDED, f"entry-{entry.pk}")
     assert receivers.counts() == {"task": 0, "message": 1, "ledger": 1, "model_call": 3}  # no second entry
+
+
+def test_resuming_a_run_keeps_the_refusals_already_answered_to_the_model(clock):
+    receivers.arm("message", "forbidden")  # the run fails after the refused credit note was answered
+    run = drive(start(amount=900), clock)
+    assert run.state == RunState.FAILED
+
+    transitions.run_resume(workflow_id=run.workflow_id, actor=person("sue"), reason="messenger fixed")
+
+    refused = run.steps.get(step_name="resolve:2:0:credit")
+    assert refused.state == StepState.SKIPPED and refused.refusal["rule"] == "credit_limit"
+    assert refused.last_error.startswith("policy refused: credit_limit")
+    assert drive(run, clock).state == RunState.COMPLETED

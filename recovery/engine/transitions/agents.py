@@ -48,7 +48,6 @@ class Call(Protocol):
 
     name: str
     tool: str
-    call_id: str
     arguments: dict[str, Any]
     error: str
 
