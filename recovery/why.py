@@ -160,13 +160,9 @@ def _failed(run: WorkflowRun, steps: list[StepExecution]) -> str:
     where = f"failed at {failed.step_name} ({_error(failed)})" if failed else f"failed: {run.status_reason}"
     try:
         workflow = get_workflow(run.workflow_name)
+        made = [s.step_name for s in steps if s.state == StepState.SUCCEEDED and workflow.writes(s.step_name)]
     except LookupError:
-        workflow = None
-    made = [
-        s.step_name
-        for s in steps
-        if s.state == StepState.SUCCEEDED and workflow is not None and workflow.writes(s.step_name)
-    ]
+        made = []
     if made:
         return f"{where}; effects made by {', '.join(made)} stand: compensate them, or terminate to keep them"
     return f"{where}; nothing was written elsewhere"

@@ -386,9 +386,8 @@ def conversations(workflow: Any, steps: list[StepExecution]) -> list[dict[str, A
                 reply = row.result or {}
                 turns.append({"number": entry.turn, "row": row, "content": reply.get("content") or "", "calls": []})
             elif turns:
-                turns[-1]["calls"].append({"index": entry.index, "tool": entry.tool, "row": row})
-        agent = next((s for s in steps if s.step_name == spec.name), None)
-        shown.append({"step": spec.name, "agent": agent, "turns": turns, "max_turns": spec.agent.max_turns})
+                turns[-1]["calls"].append({"tool": entry.tool, "row": row})
+        shown.append({"step": spec.name, "turns": turns, "max_turns": spec.agent.max_turns})
     return shown
 
 

@@ -282,7 +282,7 @@ def _record_turn(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution,
         return exc
     done = next(s for s in plan.steps if s.step_name == entry.agent)
     calls = agent.new_calls(spec.agent, entry.agent, entry.turn, reply)
-    forks = done.key_version - plan.workflow.get_step(entry.agent).key_version  # each fork: a new key version
+    forks = done.key_version - spec.key_version  # each fork: a new key version (a turn's spec is its agent's)
     transitions.agent_turn_record(
         lease=lease,
         agent=entry.agent,

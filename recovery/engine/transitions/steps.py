@@ -226,25 +226,19 @@ def step_refuse(
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "refuse_to_model" if to_model else "refuse", step.state, "step")
         cause = redact_text(f"policy refused: {rule}: {message}")
-        if to_model:
-            step.refusal = _redacted(run, {"rule": rule, "message": message, "values": _plain(values)})
-            step.last_error_kind = ErrorKind.POLICY_REFUSED
-            step.last_error = cause[:4000]
-            step.next_attempt_at = None
-            _save_step(step, ["state", "refusal", "last_error_kind", "last_error", "next_attempt_at"], now)
-            change.reason = f"{cause}; answered to the model"[:1000]
-            change.extra = {"refusal": step.refusal}
-            return step
         step.refusal = _redacted(run, {"rule": rule, "message": message, "values": _plain(values)})
         step.last_error_kind = ErrorKind.POLICY_REFUSED
         step.last_error = cause[:4000]
         step.next_attempt_at = None
         _save_step(step, ["state", "refusal", "last_error_kind", "last_error", "next_attempt_at"], now)
+        change.extra = {"refusal": step.refusal}
+        if to_model:
+            change.reason = f"{cause}; answered to the model"[:1000]
+            return step
         _check(RUN_TRANSITIONS, "review", run.state, "run")
         _release_into(run, RunState.NEEDS_REVIEW, reason=cause)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
         change.reason = cause[:1000]
-        change.extra = {"refusal": step.refusal}
         return step
 
 
