@@ -66,7 +66,7 @@ from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import TERMINAL_RUN_STATES, run_compensate, run_start
 from recovery.errors import PermanentError, RateLimited, TransientError, UnknownOutcome
 from recovery.models import OutboxMessage, OutboxState, RunState, StepExecution, StepState, WorkflowRun
-from recovery.workflow import JOURNAL_SEPARATOR, Rerun, StepSpec, Workflow, get_workflow, turn_name
+from recovery.workflow import JOURNAL_SEPARATOR, Rerun, StepSpec, Workflow, get_workflow, is_journal_name, turn_name
 
 CRASH = "crash"
 FAULTS = (
@@ -478,7 +478,7 @@ def check(
         problems.append(f"the executor failed: {run.status_reason}")
     steps = {s.step_name: s for s in StepExecution.objects.filter(run=run)}
     counted = effects(run)
-    calls = [workflow.get_step(name) for name in steps if JOURNAL_SEPARATOR in name]  # an agent's turns and calls
+    calls = [workflow.get_step(name) for name in steps if is_journal_name(name)]  # an agent's turns and calls
     for spec in [*workflow.steps, *calls]:
         step = steps[spec.name]
         if step.state == StepState.RUNNING and not (run.lease_expires_at and run.lease_expires_at > clock.now()):

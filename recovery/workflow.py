@@ -242,12 +242,12 @@ class StepSpec:
     @property
     def is_agent(self) -> bool:
         """The agent step itself: a loop of model turns and tool calls the executor drives."""
-        return self.agent is not None and JOURNAL_SEPARATOR not in self.name
+        return self.agent is not None and not is_journal_name(self.name)
 
     @property
     def is_turn(self) -> bool:
         """One model turn of an agent step (a journal row)."""
-        return self.agent is not None and JOURNAL_SEPARATOR in self.name
+        return self.agent is not None and is_journal_name(self.name)
 
     @property
     def asks_model(self) -> bool:
@@ -366,6 +366,17 @@ class JournalName:
     turn: int
     index: int | None = None
     tool: str | None = None
+
+
+def is_journal_name(name: str) -> bool:
+    """Whether ``name`` names one of an agent's journal rows (a turn or a tool call), not a step."""
+    return JOURNAL_SEPARATOR in name
+
+
+def journal_rows(agent: str, rows: Iterable[Any]) -> list[Any]:
+    """The rows (anything with a ``step_name``) of ``agent``'s journal, in the order given."""
+    prefix = agent + JOURNAL_SEPARATOR
+    return [row for row in rows if row.step_name.startswith(prefix)]
 
 
 def turn_name(agent: str, turn: int) -> str:
@@ -569,7 +580,7 @@ class Workflow:
             )
             if any(s.name == spec.name for s in self.steps):
                 raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")
-            if JOURNAL_SEPARATOR in spec.name:
+            if is_journal_name(spec.name):
                 raise ValueError(f"step name {spec.name!r}: {JOURNAL_SEPARATOR!r} marks an agent's journal rows")
             self.steps.append(spec)
             return spec
@@ -621,7 +632,7 @@ class Workflow:
         for spec in self.steps:
             if spec.name == name:
                 return spec
-        if JOURNAL_SEPARATOR in name:
+        if is_journal_name(name):
             return self._journal_spec(name)
         raise LookupError(f"workflow {self.name!r} has no step {name!r}")
 
@@ -634,7 +645,7 @@ class Workflow:
 
     def agent_of(self, spec: StepSpec) -> StepSpec | None:
         """The agent step whose journal row ``spec`` is (a turn or a tool call); None for a step."""
-        if JOURNAL_SEPARATOR not in spec.name:
+        if not is_journal_name(spec.name):
             return None
         return self.get_step(parse_journal_name(spec.name).agent)
 

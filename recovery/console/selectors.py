@@ -368,7 +368,7 @@ def conversations(workflow: Any, steps: list[StepExecution]) -> list[dict[str, A
     """Each agent step's journal as the run page shows it: its model turns in order, each with
     the model's reply and the tool calls it asked for (arguments, state, key, remote reference,
     attempts, error or refusal), and the agent's final answer."""
-    from recovery.workflow import JOURNAL_SEPARATOR, parse_journal_name
+    from recovery.workflow import journal_rows, parse_journal_name
 
     if workflow is None:
         return []
@@ -376,11 +376,8 @@ def conversations(workflow: Any, steps: list[StepExecution]) -> list[dict[str, A
     for spec in workflow.steps:
         if not spec.is_agent:
             continue
-        prefix = spec.name + JOURNAL_SEPARATOR
         turns: list[dict[str, Any]] = []
-        for row in steps:
-            if not row.step_name.startswith(prefix):
-                continue
+        for row in journal_rows(spec.name, steps):
             entry = parse_journal_name(row.step_name)
             if entry.tool is None:
                 reply = row.result or {}

@@ -22,7 +22,6 @@ import pydantic
 from recovery.errors import InvalidModelOutput
 from recovery.models import StepExecution, StepState
 from recovery.workflow import (
-    JOURNAL_SEPARATOR,
     AgentContext,
     AgentPolicy,
     StepContext,
@@ -56,12 +55,6 @@ class Reply:
 
     def as_result(self) -> dict[str, Any]:
         return {"content": self.content, "tool_calls": self.calls, "final": self.final}
-
-
-def journal(steps: list[StepExecution], agent: str) -> list[StepExecution]:
-    """The agent's rows, in the order they were written (steps come in (position, id) order)."""
-    prefix = agent + JOURNAL_SEPARATOR
-    return [s for s in steps if s.step_name.startswith(prefix)]
 
 
 def is_turn(step: StepExecution) -> bool:

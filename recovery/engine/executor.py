@@ -47,7 +47,6 @@ from recovery.models import (
 )
 from recovery.redaction import redact_text
 from recovery.workflow import (
-    JOURNAL_SEPARATOR,
     CompensationPolicy,
     Outcome,
     Reconcile,
@@ -56,6 +55,8 @@ from recovery.workflow import (
     Workflow,
     compensation_key,
     get_workflow,
+    is_journal_name,
+    journal_rows,
     parse_journal_name,
     payload_hash,
 )
@@ -73,7 +74,9 @@ class _Plan:
 
     def next_step(self) -> StepExecution | None:
         """The first step not done yet; an agent's journal rows are its agent's to drive."""
-        return next((s for s in self.steps if s.state not in DONE_STEP_STATES and not _journal_row(s)), None)
+        return next(
+            (s for s in self.steps if s.state not in DONE_STEP_STATES and not is_journal_name(s.step_name)), None
+        )
 
     def context(self, step: StepExecution) -> StepContext:
         base = StepContext(
@@ -82,16 +85,18 @@ class _Plan:
             step=step.step_name,
             idempotency_key=step.idempotency_key,
             results={
-                s.step_name: s.result for s in self.steps if s.state == StepState.SUCCEEDED and not _journal_row(s)
+                s.step_name: s.result
+                for s in self.steps
+                if s.state == StepState.SUCCEEDED and not is_journal_name(s.step_name)
             },
             intent=step.intent,
         )
-        if not _journal_row(step) or not agent.is_turn(step):
+        if not is_journal_name(step.step_name) or not agent.is_turn(step):
             return base
         spec = self.workflow.get_step(step.step_name)
         assert spec.agent is not None
         entry = parse_journal_name(step.step_name)
-        return agent.context(spec.agent, base, agent.journal(self.steps, entry.agent), entry.turn)
+        return agent.context(spec.agent, base, journal_rows(entry.agent, self.steps), entry.turn)
 
     @property
     def auto_compensate(self) -> bool:
@@ -206,10 +211,6 @@ def _step_once(lease: Lease, plan: _Plan) -> bool:
         return _step(lease, plan, step)
 
 
-def _journal_row(step: StepExecution) -> bool:
-    return JOURNAL_SEPARATOR in step.step_name
-
-
 def _step(lease: Lease, plan: _Plan, step: StepExecution) -> bool:
     spec = plan.workflow.get_step(step.step_name)
     if spec.is_agent:
@@ -246,7 +247,7 @@ def _agent(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> bo
     if step.refusal:  # an operator stopped it: only an operator lets it go on
         transitions.run_review(lease=lease, step_name=spec.name, reason=f"{spec.name}: {step.refusal['message']}")
         return False
-    rows = agent.journal(plan.steps, spec.name)
+    rows = journal_rows(spec.name, plan.steps)
     row = agent.waiting(rows)
     if row is not None:
         with working_on(f"step {row.step_name}", plan.run, step=row.step_name, attempt=row.attempts):

@@ -20,7 +20,7 @@ from recovery.engine import dispatch
 from recovery.errors import ErrorKind
 from recovery.models import RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
-from recovery.workflow import JOURNAL_SEPARATOR, idempotency_key, parse_journal_name, turn_name
+from recovery.workflow import idempotency_key, journal_rows, parse_journal_name, turn_name
 
 from . import offers
 from ._core import (
@@ -170,13 +170,13 @@ def agent_stop(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
-        offers.require("stop_agent", run, now, step_name=step_name, actor=actor)
+        situation = offers.require("stop_agent", run, now, step_name=step_name, actor=actor)  # steps locked
         unknown = _abandon_running_steps(run, now, actor)
-        agent = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        agent = situation.step(step_name)
         before = _snap(run, agent)
         who = _actor_fields(actor)["actor"]
         left_out = []
-        for row in _journal(run, step_name):
+        for row in journal_rows(step_name, situation.steps):
             if row.state == StepState.PENDING and not row.attempts:
                 _leave_out(row, f"not made: the agent was stopped by {who}: {reason}", now, actor)
                 left_out.append(row.step_name)
@@ -209,13 +209,13 @@ def agent_fork(
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
-        offers.require("fork_agent", run, now, step_name=step_name, actor=actor)
+        situation = offers.require("fork_agent", run, now, step_name=step_name, actor=actor)  # steps locked
         turn = parse_journal_name(step_name)
-        agent = StepExecution.objects.select_for_update().get(run=run, step_name=turn.agent)
+        agent = situation.step(turn.agent)
         before = _snap(run, agent)
         who = _actor_fields(actor)["actor"]
         left_out = []
-        for row in _journal(run, turn.agent):
+        for row in journal_rows(turn.agent, situation.steps):
             entry = parse_journal_name(row.step_name)
             made = entry.tool is not None and row.state == StepState.SUCCEEDED
             if entry.turn >= turn.turn and row.state != StepState.SKIPPED and not made:
@@ -231,11 +231,6 @@ def agent_fork(
         _audit(run, "agent_fork", actor=actor, step_name=step_name, reason=reason, before=before, after=after, now=now)
         dispatch.enqueue_run(run.pk)
         return run
-
-
-def _journal(run: WorkflowRun, agent: str) -> list[StepExecution]:
-    rows = StepExecution.objects.select_for_update().filter(run=run, step_name__startswith=agent + JOURNAL_SEPARATOR)
-    return list(rows.order_by("position", "id"))
 
 
 def _leave_out(row: StepExecution, why: str, now: datetime, actor: AbstractBaseUser | None) -> None:

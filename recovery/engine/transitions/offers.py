@@ -17,7 +17,7 @@ from recovery import permissions
 from recovery.actions import ACTIONS, StepArg
 from recovery.errors import InvalidTransition, NotPermitted
 from recovery.models import Alert, AlertState, RunState, StepExecution, StepState, WorkflowRun
-from recovery.workflow import JOURNAL_SEPARATOR, Workflow, get_workflow, parse_journal_name
+from recovery.workflow import Workflow, get_workflow, journal_rows, parse_journal_name
 
 from ._core import _live_lease
 from .tables import RUN_TRANSITIONS, TERMINAL_RUN_STATES
@@ -323,11 +323,11 @@ def _fork_agent(s: Situation, step_name: str | None, actor) -> str:
     if step.state == StepState.SKIPPED:
         return f"{step_name} is already out of the conversation"
     agent = s.step(parse_journal_name(step_name).agent)
-    prefix = agent.step_name + JOURNAL_SEPARATOR
-    unknown = [r.step_name for r in s.steps if r.step_name.startswith(prefix) and s.state_of(r) == StepState.UNKNOWN]
+    journal = journal_rows(agent.step_name, s.steps)
+    unknown = [r.step_name for r in journal if s.state_of(r) == StepState.UNKNOWN]
     if unknown:
         return f"reconcile {', '.join(unknown)} first: its outcome is unknown"
-    later = (o for o in s.steps if o.order > agent.order and not o.step_name.startswith(prefix))
+    later = (o for o in s.steps if o.order > agent.order and o not in journal)
     acted = next((o for o in later if o.state != StepState.PENDING or o.attempts), None)
     if acted is not None:
         return f"{acted.step_name} already acted on the agent's answer: it can no longer be forked for this run"
