@@ -1,4 +1,4 @@
-"""The README's metric table and its example Prometheus rules name the metrics that exist."""
+"""The metric table and the example Prometheus rules of docs/operating.md name the metrics that exist."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client import Counter, Histogram
 from recovery.engine import metrics
 from recovery.observability.exposition import DatabaseGauges
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+OPERATING = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text()
 METRIC = re.compile(r"\brecovery_[a-z_]+")
 
 
@@ -30,7 +30,7 @@ def exposed() -> dict[str, set[str]]:
 
 
 def rules() -> list[dict]:
-    block = README.split("An example rule file for Prometheus", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    block = OPERATING.split("An example rule file for Prometheus", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     groups = yaml.safe_load(block)["groups"]
     return [rule for group in groups for rule in group["rules"]]
 
@@ -46,8 +46,8 @@ def test_the_example_rules_load_and_use_only_exposed_samples():
 
 
 @pytest.mark.django_db
-def test_the_readme_table_lists_every_metric_once():
-    table = README.split("## Metrics and health", 1)[1].split("\n\n`/healthz`", 1)[0]
+def test_the_table_lists_every_metric_once():
+    table = OPERATING.split("## Metrics and health", 1)[1].split("\n\n`/healthz`", 1)[0]
     listed = re.findall(r"^\| `(recovery_[a-z_]+)` \|", table, flags=re.MULTILINE)
     documented = {name.removesuffix("_total") for name in listed}
     assert len(listed) == len(documented)
