@@ -466,7 +466,6 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
         attempt = None if counted else (intent, request_hash)
         error = _execute_local(lease, plan, spec, step, replace(ctx, intent=intent), attempt=attempt)
         if error is None:
-            failpoints.hit(name, "after_outcome")
             return
         if not counted:  # rolled back: recorded as any failed attempt is, begun then failed
             transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
@@ -507,9 +506,22 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
     failpoints.hit(name, "after_outcome")
 
 
+MAX_LOCAL_GROUP = 16  # local steps made in one transaction at most
+
+
+@dataclass
+class _LocalFailure:
+    """A local attempt that failed inside a group of local steps, and so was rolled back."""
+
+    index: int  # in the group: 0 is the step the group began with
+    step_name: str
+    error: StepError
+    attempt: tuple[dict[str, Any], str] | None  # (intent, request hash); None if no intent could be built
+
+
 class _RolledBack(Exception):
-    def __init__(self, error: StepError):
-        self.error = error
+    def __init__(self, failure: _LocalFailure):
+        self.failure = failure
 
 
 def _execute_local(
@@ -522,30 +534,132 @@ def _execute_local(
     attempt: tuple[dict[str, Any], str] | None,
 ) -> StepError | None:
     """A local step: its call and its outcome in one transaction (with ``attempt``, the
-    attempt's count too). Returns the error of an attempt that failed — rolled back, so it
-    certainly left nothing (never an unknown outcome)."""
-    try:
-        with transaction.atomic():
-            raw, error = invoke(spec.call, ctx, point=spec.name, timed=plan.run.workflow_name)
-            if error is not None:
-                raise _RolledBack(error)
-            transitions.step_succeed(
-                lease=lease,
-                step_name=spec.name,
-                outcome=as_outcome(raw),
-                complete_run=plan.is_last(step),
-                spec=spec,
-                attempt=attempt,
-            )
-    except _RolledBack as rolled_back:
-        error = rolled_back.error
-        if error.kind == ErrorKind.UNKNOWN_OUTCOME:  # it was rolled back: known not to have happened
-            return TransientError(f"rolled back: {error.message}", retry_after=error.retry_after)
-        return error
-    except BaseException:
-        lease.seen.clear()  # the outcome may have been recorded in the copy and rolled back
-        raise
+    attempt's count too), and with it the local steps right after it that may share that
+    transaction (``_local_followers``): one commit for them all, so a crash anywhere among them
+    leaves none made. Returns the error of an attempt of ``step`` that failed — rolled back, so
+    it certainly left nothing (never an unknown outcome).
+
+    A follower's failure rolls the whole group back. The steps before it are then made again,
+    in a transaction of their own, and its failure is recorded as a single local step's is
+    (begun, then failed): it is not attempted a second time here."""
+    group = [step, *_local_followers(lease, plan, step)] if attempt is not None else [step]
+    failed: _LocalFailure | None = None
+    while True:
+        try:
+            with transaction.atomic():
+                _make_locals(lease, plan, spec, group, ctx, attempt)
+            break
+        except _RolledBack as rolled_back:
+            lease.seen.clear()  # the copy holds outcomes that were rolled back
+            failure = rolled_back.failure
+            if failure.index == 0:
+                return _rolled_back_error(failure.error)
+            failed = replace(failure, error=_rolled_back_error(failure.error))
+            names = [s.step_name for s in group[: failure.index]]
+            fresh = _load(lease)
+            if fresh is None:
+                return None  # let go meanwhile
+            plan = fresh
+            group = [next(s for s in plan.steps if s.step_name == name) for name in names]
+        except BaseException:
+            lease.seen.clear()  # the outcome may have been recorded in the copy and rolled back
+            raise
+    for made in group:
+        failpoints.hit(made.step_name, "after_outcome")
+    if failed is not None:
+        _record_local_failure(lease, plan, failed)
     return None
+
+
+def _local_followers(lease: Lease, plan: _Plan, step: StepExecution) -> list[StepExecution]:
+    """The local steps right after ``step`` that can be made in its transaction: pending, never
+    attempted, due, with nothing to check or decide before they run (no guard, no model, no
+    outbox, no agent). None after a takeover: that executor counts each attempt first."""
+    if lease.taken_over:
+        return []
+    followers: list[StepExecution] = []
+    for later in plan.steps[plan.steps.index(step) + 1 :]:
+        if len(followers) + 1 >= MAX_LOCAL_GROUP or is_journal_name(later.step_name):
+            break
+        spec = plan.workflow.get_step(later.step_name)
+        fresh = later.state == StepState.PENDING and not (later.attempts or later.next_attempt_at or later.refusal)
+        plain = spec.local and not (spec.asks_model or spec.outbox or plan.workflow.guards_for(spec))
+        if not (fresh and plain):
+            break
+        followers.append(later)
+    return followers
+
+
+def _make_locals(
+    lease: Lease,
+    plan: _Plan,
+    spec: StepSpec,
+    group: list[StepExecution],
+    ctx: StepContext,
+    attempt: tuple[dict[str, Any], str] | None,
+) -> None:
+    """Make ``group``'s local steps in the caller's transaction, each step's context built from
+    the outcomes of those before it; raises _RolledBack at the first that fails."""
+    for index, step in enumerate(group):
+        if index:
+            name = step.step_name
+            spec = plan.workflow.get_step(name)
+            with working_on(f"step {name}", plan.run, step=name, attempt=step.attempts, key=step.idempotency_key):
+                failpoints.hit(name, "before_intent")
+                ctx = plan.context(step)
+                try:
+                    intent = plan.workflow.redact(spec.intent_fn(ctx) if spec.intent_fn else {})
+                except Exception as exc:
+                    error = PermanentError(f"could not build the step's intent: {classify(exc)}")
+                    raise _RolledBack(_LocalFailure(index, name, error, None)) from exc
+                attempt = (intent, payload_hash(intent))
+                _make_local(lease, plan, spec, step, replace(ctx, intent=intent), attempt, index)
+        else:
+            _make_local(lease, plan, spec, step, ctx, attempt, index)
+
+
+def _make_local(
+    lease: Lease,
+    plan: _Plan,
+    spec: StepSpec,
+    step: StepExecution,
+    ctx: StepContext,
+    attempt: tuple[dict[str, Any], str] | None,
+    index: int,
+) -> None:
+    raw, error = invoke(spec.call, ctx, point=spec.name, timed=plan.run.workflow_name)
+    if error is not None:
+        raise _RolledBack(_LocalFailure(index, spec.name, error, attempt))
+    made = transitions.step_succeed(
+        lease=lease,
+        step_name=spec.name,
+        outcome=as_outcome(raw),
+        complete_run=plan.is_last(step),
+        spec=spec,
+        attempt=attempt,
+    )
+    if made is not step:  # read again under the lock: the next steps' contexts need its outcome
+        plan.steps[plan.steps.index(step)] = made
+
+
+def _rolled_back_error(error: StepError) -> StepError:
+    if error.kind == ErrorKind.UNKNOWN_OUTCOME:  # it was rolled back: known not to have happened
+        return TransientError(f"rolled back: {error.message}", retry_after=error.retry_after)
+    return error
+
+
+def _record_local_failure(lease: Lease, plan: _Plan, failed: _LocalFailure) -> None:
+    """Record a follower's failed attempt, rolled back with its group, as any failed local
+    attempt is: begun (when its intent could be built), then failed."""
+    name = failed.step_name
+    if failed.attempt is not None:
+        intent, request_hash = failed.attempt
+        transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
+    spec = plan.workflow.get_step(name)
+    transitions.step_fail(
+        lease=lease, step_name=name, error=failed.error, spec=spec, auto_compensate=plan.auto_compensate
+    )
+    failpoints.hit(name, "after_outcome")
 
 
 def _compensate_once(lease: Lease, plan: _Plan) -> bool:

@@ -60,9 +60,10 @@ def test_a_crash_after_the_call_rolls_the_effect_back_and_the_next_executor_make
     ]
 
 
-def test_a_local_step_commits_its_effect_attempt_and_outcome_once_with_one_audit_event():
-    """Rule 5 for a step whose effect is in this database: effect and outcome in one
-    transaction, so no intent commit before it is needed: one commit and one audit event."""
+def test_consecutive_local_steps_commit_their_effects_attempts_and_outcomes_once_with_one_audit_event_each():
+    """Rule 5 for steps whose effect is in this database: effect and outcome in one transaction,
+    so no intent commit before it is needed; and the local steps that follow each other share
+    that transaction: one commit for both steps, one audit event each."""
     run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "one-commit"})[0]
     with CaptureQueriesContext(connection) as queries:
         assert advance(run.pk) == RunState.COMPLETED
@@ -77,19 +78,22 @@ def test_a_local_step_commits_its_effect_attempt_and_outcome_once_with_one_audit
             current = []
         elif word not in ("BEGIN", "SAVEPOINT", "RELEASE"):
             current.append(statement)
-    assert len(transactions) == 2 and not current, sql  # one transaction per step, nothing after them
-    for statements in transactions:
-        assert statements[0].startswith(effect), statements  # the effect, then its checkpoint:
-        # one statement on PostgreSQL (run, step, audit event), three or four elsewhere
-        assert len(statements) == 2 if connection.vendor == "postgresql" else len(statements) >= 4, statements
+    assert len(transactions) == 1 and not current, sql  # one transaction for both steps, nothing after it
+    (statements,) = transactions
+    effects = [i for i, statement in enumerate(statements) if statement.startswith(effect)]
+    assert len(effects) == 2 and effects[0] == 0, statements  # each step: its effect, then its checkpoint,
+    # one statement on PostgreSQL (run, step, audit event), three or four elsewhere
+    checkpoints = [effects[1] - 1, len(statements) - effects[1] - 1]
+    assert checkpoints == [1, 1] if connection.vendor == "postgresql" else min(checkpoints) >= 3, statements
     assert local_effects(run) == {"reserve": 1, "book": 1}
-    reserve = run.steps.get(step_name="reserve")
-    assert (reserve.state, reserve.attempts) == (StepState.SUCCEEDED, 1)
-    assert reserve.first_attempt_at is not None and reserve.request_hash
-    events = AuditEvent.objects.filter(run=run, step_name="reserve")
-    assert [(e.action, e.before["step"], e.after["step"], e.after["attempts"]) for e in events] == [
-        ("step_succeed", StepState.PENDING, StepState.SUCCEEDED, 1)
-    ]
+    for name in ("reserve", "book"):
+        step = run.steps.get(step_name=name)
+        assert (step.state, step.attempts) == (StepState.SUCCEEDED, 1)
+        assert step.first_attempt_at is not None and step.request_hash
+        events = AuditEvent.objects.filter(run=run, step_name=name)
+        assert [(e.action, e.before["step"], e.after["step"], e.after["attempts"]) for e in events] == [
+            ("step_succeed", StepState.PENDING, StepState.SUCCEEDED, 1)
+        ]
 
 
 def test_a_local_step_that_kills_its_worker_every_time_goes_to_review_not_round_forever(clock, monkeypatch):
@@ -139,3 +143,65 @@ def test_a_local_step_cannot_also_declare_another_way_to_reconcile(monkeypatch):
         wf.step(local=True, reconcile=Reconcile.LOOKUP)(lambda ctx: None)
     with pytest.raises(ValueError, match="local step"):
         wf.step(local=True, outbox=True)(lambda ctx: None)
+
+
+def test_a_failing_follower_rolls_its_group_back_and_only_its_own_failure_is_recorded(clock, monkeypatch):
+    """book fails after writing, inside the transaction it shares with reserve: both rows are
+    rolled back; reserve is made again in a transaction of its own (one row, one attempt, one
+    audit event), book's attempt is recorded as failed and retried later, not at once."""
+    from tests.support import workflows
+
+    calls = {"reserve": 0, "book": 0}
+    real_reserve, real_book = workflows.reserve.call, workflows.book.call
+
+    def counted_reserve(ctx):
+        calls["reserve"] += 1
+        return real_reserve(ctx)
+
+    def flaky_book(ctx):
+        calls["book"] += 1
+        row = real_book(ctx)
+        if calls["book"] == 1:
+            raise TransientError("lost the answer")  # after writing: the group's rollback must undo the row
+        return row
+
+    monkeypatch.setattr(workflows.reserve, "call", counted_reserve)
+    monkeypatch.setattr(workflows.book, "call", flaky_book)
+    run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "follower"})[0]
+
+    assert advance(run.pk) == RunState.WAITING
+    assert calls == {"reserve": 2, "book": 1}  # reserve made again after the rollback; book not at once
+    assert local_effects(run) == {"reserve": 1, "book": 0}
+    reserve, book = run.steps.get(step_name="reserve"), run.steps.get(step_name="book")
+    assert (reserve.state, reserve.attempts) == (StepState.SUCCEEDED, 1)
+    assert (book.state, book.attempts, book.last_error_kind) == (StepState.FAILED, 1, "transient")
+    assert book.next_attempt_at is not None and "lost the answer" in book.last_error
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert calls == {"reserve": 2, "book": 2}
+    assert local_effects(run) == {"reserve": 1, "book": 1}
+    actions = list(AuditEvent.objects.filter(run=run).exclude(step_name="").values_list("action", "step_name"))
+    assert actions == [
+        ("step_succeed", "reserve"),
+        ("step_begin", "book"),
+        ("step_fail", "book"),
+        ("step_succeed", "book"),
+    ]
+
+
+def test_a_crash_inside_a_group_of_local_steps_leaves_none_of_them_made(clock, monkeypatch):
+    """The worker dies before book, after reserve was made in the same transaction: nothing was
+    committed, reserve included, and the executor that takes the run over makes each once."""
+    monkeypatch.setenv("RECOVERY_FAILPOINTS", "book:before_intent=raise")
+    run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "group-crash"})[0]
+    with pytest.raises(failpoints.FailpointRaised):
+        advance(run.pk)
+    monkeypatch.delenv("RECOVERY_FAILPOINTS")
+    assert RemoteObject.objects.filter(kind="local").count() == 0
+    assert [(s.state, s.attempts) for s in run.steps.order_by("position")] == [(StepState.PENDING, 0)] * 2
+    assert not AuditEvent.objects.filter(run=run).exclude(step_name="").exists()
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert local_effects(run) == {"reserve": 1, "book": 1}
