@@ -26,9 +26,10 @@ ours     The production code path: M runs started in bulk with ``recovery.engine
          ``RECOVERY_WORKFLOW_MODULES=workflows.registry,bench.executor_workflow``. Its steps are
          local steps (``local=True``): the insert is made on Django's connection inside the
          transaction that records the step's outcome, as one writes a step whose effect is in the
-         engine's own database — one commit per step (effect, attempt and outcome), where the
-         ceiling makes two (nothing needs committing before an effect that only exists once
-         committed). Children run with
+         engine's own database — the three steps are consecutive local steps, so their effects,
+         attempts and outcomes commit together: one commit per run after its claim, where the
+         ceiling makes two per step (nothing needs committing before an effect that only exists
+         once committed). Children run with
          DJANGO_DEBUG=0 (no query log) and DATABASE_CONN_MAX_AGE=60; the embedded sandbox
          database is a temporary SQLite file.
 ours_bare  Exactly ours, but with RECOVERY_METRICS=0 (no counter, no histogram, no multiprocess

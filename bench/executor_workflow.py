@@ -28,9 +28,9 @@ bench = Workflow("bench", version=1, input_schema=BenchInput, workflow_id=lambda
 
 
 # BENCH_STEPS=local (the default): the insert is a local step's effect, committed with the
-# step's attempt and outcome (one commit per step). BENCH_STEPS=call: an ordinary step, called
-# outside any transaction, so the insert commits on its own (three commits per step: intent,
-# effect, outcome).
+# step's attempt and outcome; the three local steps share one transaction (one commit per run).
+# BENCH_STEPS=call: an ordinary step, called outside any transaction, so the insert commits on its
+# own (three commits per step: intent, effect, outcome).
 LOCAL = os.environ.get("BENCH_STEPS", "local") == "local"
 
 # BENCH_HEARTBEAT=off (the ``ours_call_nohb`` contender only; bench/executor.py sets "on" for the

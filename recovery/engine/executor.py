@@ -1,8 +1,10 @@
 """The executor: claims a run with a lease and advances it step by step.
 
 For each step: checkpoint the intent (commit), call, checkpoint the outcome (commit). No
-database lock is held across a remote call. A step found ``running`` when a run is taken
-over has an unknown outcome and is reconciled before anything else is written.
+database lock is held across a remote call. A local step (its effect in this database) commits
+its effect, attempt and outcome at once, together with the local steps right after it. A step
+found ``running`` when a run is taken over has an unknown outcome and is reconciled before
+anything else is written.
 
 The same ``advance`` runs in-process (``run_executor``) and inside a Celery task.
 """

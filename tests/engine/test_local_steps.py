@@ -60,16 +60,15 @@ def test_a_crash_after_the_call_rolls_the_effect_back_and_the_next_executor_make
     ]
 
 
-def test_consecutive_local_steps_commit_their_effects_attempts_and_outcomes_once_with_one_audit_event_each():
-    """Rule 5 for steps whose effect is in this database: effect and outcome in one transaction,
-    so no intent commit before it is needed; and the local steps that follow each other share
-    that transaction: one commit for both steps, one audit event each."""
-    run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "one-commit"})[0]
+EFFECT = 'INSERT INTO "support_remoteobject"'
+
+
+def transactions_after_the_claim(run) -> list[list[str]]:
+    """Advance ``run`` to completion; the statements of each transaction from the first effect on."""
     with CaptureQueriesContext(connection) as queries:
         assert advance(run.pk) == RunState.COMPLETED
     sql = [q["sql"] for q in queries.captured_queries]
-    effect = 'INSERT INTO "support_remoteobject"'
-    first = next(i for i, statement in enumerate(sql) if statement.startswith(effect))  # after the claim
+    first = next(i for i, statement in enumerate(sql) if statement.startswith(EFFECT))  # after the claim
     transactions, current = [], []
     for statement in sql[first:]:
         word = statement.split()[0].upper()
@@ -78,9 +77,19 @@ def test_consecutive_local_steps_commit_their_effects_attempts_and_outcomes_once
             current = []
         elif word not in ("BEGIN", "SAVEPOINT", "RELEASE"):
             current.append(statement)
-    assert len(transactions) == 1 and not current, sql  # one transaction for both steps, nothing after it
+    assert not current, sql  # nothing outside a transaction after the effects
+    return transactions
+
+
+def test_consecutive_local_steps_commit_their_effects_attempts_and_outcomes_once_with_one_audit_event_each():
+    """Rule 5 for steps whose effect is in this database: effect and outcome in one transaction,
+    so no intent commit before it is needed; and the local steps that follow each other share
+    that transaction: one commit for both steps, one audit event each."""
+    run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "one-commit"})[0]
+    transactions = transactions_after_the_claim(run)
+    assert len(transactions) == 1, transactions  # one transaction for both steps, nothing after it
     (statements,) = transactions
-    effects = [i for i, statement in enumerate(statements) if statement.startswith(effect)]
+    effects = [i for i, statement in enumerate(statements) if statement.startswith(EFFECT)]
     assert len(effects) == 2 and effects[0] == 0, statements  # each step: its effect, then its checkpoint,
     # one statement on PostgreSQL (run, step, audit event), three or four elsewhere
     checkpoints = [effects[1] - 1, len(statements) - effects[1] - 1]
@@ -94,6 +103,16 @@ def test_consecutive_local_steps_commit_their_effects_attempts_and_outcomes_once
         assert [(e.action, e.before["step"], e.after["step"], e.after["attempts"]) for e in events] == [
             ("step_succeed", StepState.PENDING, StepState.SUCCEEDED, 1)
         ]
+
+
+def test_a_group_of_local_steps_stops_at_its_limit(monkeypatch):
+    from recovery.engine import executor
+
+    monkeypatch.setattr(executor, "MAX_LOCAL_GROUP", 1)
+    run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "limit"})[0]
+    transactions = transactions_after_the_claim(run)
+    assert [sum(s.startswith(EFFECT) for s in statements) for statements in transactions] == [1, 1]
+    assert local_effects(run) == {"reserve": 1, "book": 1}
 
 
 def test_a_local_step_that_kills_its_worker_every_time_goes_to_review_not_round_forever(clock, monkeypatch):
