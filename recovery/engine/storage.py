@@ -3,9 +3,10 @@
 An executor checkpoints twice per step. Through ``Model.save()`` or ``QuerySet.update()`` each
 of those writes costs a few hundred microseconds of Python (query compilation, signals) —
 more than the database round trip. These functions build the same statement once per model
-and column set, and adapt every value with its field's own ``get_db_prep_save``, so a row
-ends up exactly as the ORM would have written it, on SQLite as on PostgreSQL. Only
-``recovery.engine.transitions`` calls them, on the default database.
+and column set, and adapt every value with its field's own ``get_db_prep_save`` (a start's
+steps go as one JSON document of the same values, ``_step_rows``), so a row ends up exactly as
+the ORM would have written it, on SQLite as on PostgreSQL. Only ``recovery.engine.transitions``
+calls them, on the default database.
 
 On PostgreSQL they run as prepared statements (unless ``RECOVERY_PREPARED_STATEMENTS=0``):
 the executor runs the same few statements thousands of times, and planning a claim or a
@@ -317,15 +318,21 @@ def start(
     autocommit) — the run (unless one with its workflow id exists), its steps and its audit
     events (each without ``run``, all with the same columns; chained in this order), each
     written only with the one before. Returns the new run's id and its steps' ids by position,
-    or None if the workflow id was taken: then nothing was written."""
+    or None if the workflow id was taken: then nothing was written.
+
+    The steps go as one parameter, a JSON document of their rows (``_step_rows``) that
+    PostgreSQL expands with ``json_populate_recordset``: the statement's text does not depend on
+    how many steps the workflow has, and it stays within psycopg's limits for caching its
+    conversion of a statement (50 parameters, 4096 bytes), so psycopg parses it once per process
+    instead of at every start. The run and its events keep one typed parameter per column (the
+    chain trigger hashes the events' ``before`` and ``after`` as they are written)."""
     connection = connections[DEFAULT_DB_ALIAS]
     audit_names = tuple(sorted(events[0]))
-    sql, run_fields, step_fields, audit_fields = _start_sql(len(steps), len(events), audit_names)
+    sql, run_fields, step_fields, audit_fields = _start_sql(len(events), audit_names)
     params = _row(connection, run, run_fields)  # in the statement's order: the run, its events, its steps
     for event in events:
         params.extend(_params(connection, audit_names, audit_fields, event))
-    for step in steps:
-        params.extend(_row(connection, step, step_fields))
+    params.append(_step_rows(step_fields, steps))
     with _cursor(connection) as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
@@ -339,6 +346,35 @@ def _row(connection, obj: models.Model, columns: Columns) -> list[Any]:
     return _params(connection, names, columns, {name: getattr(obj, name) for name in names})
 
 
+# Compact; non-ASCII characters kept as they are (PostgreSQL reads the document as UTF-8 text).
+_encode_rows = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _step_rows(columns: Columns, objs: list[models.Model]) -> str:
+    """The rows of ``objs`` as a JSON array of objects, column name to value, for
+    ``json_populate_recordset``, which reads each value as its column's type would read its
+    text: the values the ORM would have written. A string, an integer (choices included), a
+    boolean or None goes as it is (a JSON null is read as SQL NULL, which is also what the ORM
+    writes for a JSON field's None); an aware datetime as its ISO text, microseconds kept; a JSON
+    field's value as the nested document, through the field's encoder if it has one. Any other
+    value raises TypeError rather than be written in a form the ORM might not have given it."""
+    rows = []
+    for obj in objs:
+        row = {}
+        for field, is_json in columns:
+            value = getattr(obj, field.attname)
+            if is_json:
+                if value is not None and field.encoder is not None:
+                    value = json.loads(json.dumps(value, cls=field.encoder))
+            elif value is not None and not isinstance(value, (str, int)):
+                if not isinstance(value, datetime) or value.utcoffset() is None:
+                    raise TypeError(f"{field.model.__name__}.{field.name}: no JSON form for {value!r}")
+                value = value.isoformat()
+            row[field.column] = value
+        rows.append(row)
+    return _encode_rows(rows)
+
+
 def _written(model: type[models.Model], *, without: str = "") -> Columns:
     """The columns an insert of ``model`` writes: every concrete field but its id, ``without``
     and those the database fills in."""
@@ -349,7 +385,8 @@ def _written(model: type[models.Model], *, without: str = "") -> Columns:
 
 
 @cache
-def _start_sql(steps: int, events: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, Columns, Columns]:
+def _start_sql(events: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, Columns, Columns]:
+    """The start statement for ``events`` audit events of these columns, for any number of steps."""
     from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
@@ -357,26 +394,28 @@ def _start_sql(steps: int, events: int, audit_names: tuple[str, ...]) -> tuple[s
     run_fields = _written(WorkflowRun)
     step_fields = _written(StepExecution, without="run")
     audit_fields = _columns(AuditEvent, audit_names)
+    # A json column would keep the document's text as _step_rows wrote it, not as the field would.
+    if any(field.db_type(connection) == "json" for field, _ in step_fields):
+        raise TypeError("a step's json column cannot be written from the steps' JSON document")
 
-    def names(columns: Columns) -> str:
-        return ", ".join(quote(field.column) for field, _ in columns)
+    def names(columns: Columns, prefix: str = "") -> str:
+        return ", ".join(prefix + quote(field.column) for field, _ in columns)
 
-    def rows(columns: Columns, count: int) -> str:
-        # Typed placeholders: in INSERT … SELECT, an untyped literal would be taken as text.
-        typed = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in columns)
-        return ", ".join([f"({typed})"] * count)
-
+    # Typed placeholders: in INSERT … SELECT, an untyped literal would be taken as text.
+    typed = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in audit_fields)
+    step_table = quote(StepExecution._meta.db_table)
     # The events are chained in the order the database inserts them (the chain trigger reads the
-    # run's last event), which is the order of their VALUES rows: there is one new run.
+    # run's last event), which is the order of their VALUES rows: there is one new run. The steps
+    # are inserted in the order of the document's rows.
     sql = (
         f"WITH new_run AS (INSERT INTO {quote(WorkflowRun._meta.db_table)} ({names(run_fields)}) "
         f"VALUES ({', '.join(['%s'] * len(run_fields))}) "
         f'ON CONFLICT ("workflow_id") DO NOTHING RETURNING "id"), '
         f"new_events AS (INSERT INTO {quote(AuditEvent._meta.db_table)} "
         f'("run_id", {names(audit_fields)}) SELECT new_run."id", e.* '
-        f"FROM new_run, (VALUES {rows(audit_fields, events)}) AS e) "
-        f"INSERT INTO {quote(StepExecution._meta.db_table)} "
-        f'("run_id", {names(step_fields)}) SELECT new_run."id", v.* '
-        f'FROM new_run, (VALUES {rows(step_fields, steps)}) AS v RETURNING "run_id", "id", "position"'
+        f"FROM new_run, (VALUES {', '.join([f'({typed})'] * events)}) AS e) "
+        f'INSERT INTO {step_table} ("run_id", {names(step_fields)}) SELECT new_run."id", {names(step_fields, "v.")} '
+        f"FROM new_run, json_populate_recordset(NULL::{step_table}, CAST(%s AS json)) AS v "
+        f'RETURNING "run_id", "id", "position"'
     )
     return sql, run_fields, step_fields, audit_fields

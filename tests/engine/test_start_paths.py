@@ -1,10 +1,15 @@
 """One start, two paths: PostgreSQL starts a run in one statement (storage.start: the run, its
 steps and its start event, one round trip), every database can start it in a transaction of
 three. Here twin events are started on both paths and the rows they leave are compared field
-by field; a repeated event writes nothing on either, and the engine's start saves no version
-of the run (the start event says who started it). A start claimed by the executor that will run
+by field (also for workflows of one step and of many, with every kind of step column filled in:
+the one statement writes the steps from a JSON document); a repeated event writes nothing on
+either, and the engine's start saves no version of the run (the start event says who started
+it). The one statement stays small enough for psycopg to convert it once, whatever the number
+of steps. A start claimed by the executor that will run
 it (``run_start_claimed``) leaves exactly the rows of a start followed by a claim."""
 
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta, timezone
 from io import StringIO
 from typing import Any
 
@@ -13,12 +18,14 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from psycopg import _queries
 
 from recovery import tasks
-from recovery.engine import dispatch, executor
+from recovery.engine import dispatch, executor, storage
 from recovery.engine.transitions import run_claim, run_start, run_start_claimed, runs
 from recovery.errors import StartConflict
 from recovery.models import AuditEvent, RunSearch, RunState, StepExecution, WorkflowRun
+from recovery.workflow import _REGISTRY, Workflow
 from tests.support import receivers
 from tests.support.engine import crash_at, drive
 
@@ -81,6 +88,126 @@ def test_both_start_paths_leave_the_same_rows(postgresql, clock, monkeypatch, ac
     assert fields(one, RUN_OWN) == run and one.pk and not one._state.adding
     assert RunSearch.objects.filter(run__in=[one, other]).count() == 2  # the search trigger saw both
     call_command("verify_audit", stdout=StringIO())  # the chain trigger hashed both alike
+
+
+@pytest.fixture
+def scratch():
+    """Workflows of ``n`` steps, dropped from the registry afterwards."""
+    made = []
+
+    def make(n: int) -> Workflow:
+        wf = Workflow(f"scratch_start_{n}", version=1, workflow_id=lambda i, n=n: f"scratch{n}:{i['order_id']}")
+        for index in range(n):
+            wf.step(name=f"step_{index}")(lambda ctx: None)
+        made.append(wf.name)
+        return wf
+
+    yield make
+    for name in made:
+        _REGISTRY.pop(name, None)
+
+
+def filled(new_steps):
+    """``runs._new_steps``, with every kind of column a step has filled in: nested JSON with
+    non-ASCII text, a JSON field left None and one holding a JSON string, datetimes with
+    microseconds (one not in UTC), booleans, a long text."""
+    at = datetime(2031, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
+
+    def steps(wf, run, now):
+        made = new_steps(wf, run, now)
+        for index, step in enumerate(made):
+            step.intent = {"größe": [1, 2.5, None, {"ключ": "値 ✓"}], "empty": {}, "index": index}
+            step.result = None if index % 2 else "just a string"
+            step.refusal = {"rule": "limit", "values": {"amount": 10**20, "flag": True}}
+            step.overrides = [{"rule": "limit", "by": "ann", "at": "2031-05-06T07:08:09.000001+00:00"}]
+            step.compensation_result = [] if index % 2 else None
+            step.compensation_restored = bool(index % 2)
+            step.first_attempt_at = at + timedelta(microseconds=index)
+            step.next_attempt_at = (at + timedelta(seconds=1)).astimezone(timezone(timedelta(hours=5, minutes=30)))
+            step.last_error = "é" * 5000
+            step.attempts, step.reconcile_attempts = 3, index
+        return made
+
+    return steps
+
+
+@pytest.mark.parametrize("n", [1, 2, 12])
+def test_both_start_paths_leave_the_same_rows_whatever_the_steps(postgresql, clock, monkeypatch, scratch, n):
+    wf = scratch(n)
+    monkeypatch.setattr(runs, "_new_steps", filled(runs._new_steps))
+    one, created = run_start(workflow=wf, data={"order_id": "twin-a"})
+    assert created
+    monkeypatch.setattr(runs, "_insert_in_one_statement", runs._insert_in_transaction)
+    other, created = run_start(workflow=wf, data={"order_id": "twin-b"})
+    assert created
+
+    assert rows(one) == rows(other)
+    _, steps, _ = rows(one)
+    assert [s["step_name"] for s in steps] == [f"step_{index}" for index in range(n)]
+    assert steps[0]["first_attempt_at"].microsecond == 123456
+    assert steps[0]["intent"]["größe"][3] == {"ключ": "値 ✓"} and steps[0]["result"] == "just a string"
+    # A JSON field's None is SQL NULL on both paths, not JSON null.
+    assert StepExecution.objects.filter(run__in=[one, other], result__isnull=True).count() == 2 * (n // 2)
+    assert StepExecution.objects.filter(run__in=[one, other], compensation_result__isnull=True).count() == 2 * (
+        n - n // 2
+    )
+
+
+def test_a_step_value_without_a_json_form_is_refused(postgresql, clock, monkeypatch, scratch):
+    def naive(new_steps):
+        def steps(wf, run, now):
+            made = new_steps(wf, run, now)
+            made[0].first_attempt_at = datetime(2031, 5, 6, 7, 8, 9)
+            return made
+
+        return steps
+
+    monkeypatch.setattr(runs, "_new_steps", naive(runs._new_steps))
+    with pytest.raises(TypeError, match="StepExecution.first_attempt_at: no JSON form"):
+        run_start(workflow=scratch(1), data={"order_id": "naive"})
+    assert not WorkflowRun.objects.exists()
+
+
+@pytest.mark.parametrize("claimed", [False, True])
+def test_psycopg_converts_the_start_statement_once_whatever_the_steps(postgresql, clock, monkeypatch, scratch, claimed):
+    """At most 50 parameters and 4096 bytes: psycopg caches its conversion of the statement
+    (psycopg._queries) instead of parsing it again at every start; with one audit event (a start)
+    or two (a claimed start), and the same text for every number of steps."""
+    seen, uncached = [], []
+    cursor = storage._cursor
+
+    @contextmanager
+    def recording(connection):
+        with cursor(connection) as real:
+            yield _Recording(real, seen)
+
+    monkeypatch.setattr(storage, "_cursor", recording)
+    for name in ("_query2pg_nocache", "_query2pg_client_nocache"):
+        convert = getattr(_queries, name)
+        monkeypatch.setattr(_queries, name, lambda *args, convert=convert: uncached.append(args) or convert(*args))
+    start = run_start_claimed if claimed else run_start
+    for n in (1, 3, 12):
+        start(workflow=scratch(n), data={"order_id": "cached"})
+
+    assert len(seen) == 3 and len({sql for sql, _ in seen}) == 1
+    sql, params = seen[0]
+    assert len(sql.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+    assert params <= _queries.MAX_CACHED_STATEMENT_PARAMS
+    assert uncached == []
+
+
+class _Recording:
+    """A cursor that records each statement and its number of parameters, then runs it."""
+
+    def __init__(self, cursor, seen):
+        self.cursor, self.seen = cursor, seen
+
+    def execute(self, sql, params):
+        self.seen.append((sql, len(params)))
+        return self.cursor.execute(sql, params)
+
+    def fetchall(self):
+        return self.cursor.fetchall()
 
 
 def test_a_start_on_postgresql_is_one_statement(postgresql, clock):
