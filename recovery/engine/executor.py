@@ -11,6 +11,7 @@ The same ``advance`` runs in-process (``run_executor``) and inside a Celery task
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -600,13 +601,15 @@ def _make_locals(
     ctx: StepContext,
     attempt: tuple[dict[str, Any], str] | None,
 ) -> None:
-    """Make ``group``'s local steps in the caller's transaction, each step's context built from
-    the outcomes of those before it; raises _RolledBack at the first that fails."""
+    """Make ``group``'s local steps in the caller's transaction (``spec``, ``ctx`` and ``attempt``
+    are the first's), each later step's context built from the outcomes of those before it;
+    raises _RolledBack at the first that fails."""
     for index, step in enumerate(group):
-        if index:
-            name = step.step_name
-            spec = plan.workflow.get_step(name)
-            with working_on(f"step {name}", plan.run, step=name, attempt=step.attempts, key=step.idempotency_key):
+        name = step.step_name
+        following = working_on(f"step {name}", plan.run, step=name, attempt=step.attempts, key=step.idempotency_key)
+        with following if index else contextlib.nullcontext():  # the first is in its caller's
+            if index:
+                spec = plan.workflow.get_step(name)
                 failpoints.hit(name, "before_intent")
                 ctx = plan.context(step)
                 try:
@@ -614,34 +617,20 @@ def _make_locals(
                 except Exception as exc:
                     error = PermanentError(f"could not build the step's intent: {classify(exc)}")
                     raise _RolledBack(_LocalFailure(index, name, error, None)) from exc
-                attempt = (intent, payload_hash(intent))
-                _make_local(lease, plan, spec, step, replace(ctx, intent=intent), attempt, index)
-        else:
-            _make_local(lease, plan, spec, step, ctx, attempt, index)
-
-
-def _make_local(
-    lease: Lease,
-    plan: _Plan,
-    spec: StepSpec,
-    step: StepExecution,
-    ctx: StepContext,
-    attempt: tuple[dict[str, Any], str] | None,
-    index: int,
-) -> None:
-    raw, error = invoke(spec.call, ctx, point=spec.name, timed=plan.run.workflow_name)
-    if error is not None:
-        raise _RolledBack(_LocalFailure(index, spec.name, error, attempt))
-    made = transitions.step_succeed(
-        lease=lease,
-        step_name=spec.name,
-        outcome=as_outcome(raw),
-        complete_run=plan.is_last(step),
-        spec=spec,
-        attempt=attempt,
-    )
-    if made is not step:  # read again under the lock: the next steps' contexts need its outcome
-        plan.steps[plan.steps.index(step)] = made
+                ctx, attempt = replace(ctx, intent=intent), (intent, payload_hash(intent))
+            raw, error = invoke(spec.call, ctx, point=name, timed=plan.run.workflow_name)
+            if error is not None:
+                raise _RolledBack(_LocalFailure(index, name, error, attempt))
+            made = transitions.step_succeed(
+                lease=lease,
+                step_name=name,
+                outcome=as_outcome(raw),
+                complete_run=plan.is_last(step),
+                spec=spec,
+                attempt=attempt,
+            )
+            if made is not step:  # read again under the lock: the next steps' contexts need its outcome
+                plan.steps[plan.steps.index(step)] = made
 
 
 def _rolled_back_error(error: StepError) -> StepError:
