@@ -224,3 +224,23 @@ def test_a_crash_inside_a_group_of_local_steps_leaves_none_of_them_made(clock, m
     run = drive(run, clock)
     assert run.state == RunState.COMPLETED
     assert local_effects(run) == {"reserve": 1, "book": 1}
+
+
+def test_a_follower_whose_intent_cannot_be_built_fails_alone_and_the_step_before_it_is_kept(clock, monkeypatch):
+    """book's intent raises inside the group: the group is rolled back, reserve is made again
+    and kept (one row), book fails permanently without an attempt (nothing was sent)."""
+    from tests.support import workflows
+
+    def broken(ctx):
+        raise KeyError("amount")
+
+    monkeypatch.setattr(workflows.book, "intent_fn", broken)
+    run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "bad-intent"})[0]
+    assert advance(run.pk) == RunState.FAILED
+    assert local_effects(run) == {"reserve": 1, "book": 0}
+    reserve, book = run.steps.get(step_name="reserve"), run.steps.get(step_name="book")
+    assert (reserve.state, reserve.attempts) == (StepState.SUCCEEDED, 1)
+    assert (book.state, book.attempts, book.last_error_kind) == (StepState.FAILED, 0, "permanent")
+    assert "could not build the step's intent" in book.last_error
+    actions = list(AuditEvent.objects.filter(run=run).exclude(step_name="").values_list("action", "step_name"))
+    assert actions == [("step_succeed", "reserve"), ("step_fail", "book")]
