@@ -410,17 +410,9 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
             )
             return
 
-    try:
-        # What is persisted is what is replayed: the intent is redacted before it is hashed,
-        # checkpointed and sent, so an attempt after a crash sends exactly what this one does.
-        intent = plan.workflow.redact(spec.intent_fn(ctx) if spec.intent_fn else {})
-    except Exception as exc:
-        transitions.step_fail(
-            lease=lease,
-            step_name=name,
-            spec=spec,
-            error=PermanentError(f"could not build the step's intent: {classify(exc)}"),
-        )
+    intent, unbuilt = _intent(plan, spec, ctx)
+    if unbuilt is not None:
+        transitions.step_fail(lease=lease, step_name=name, spec=spec, error=unbuilt)
         return
     if step.state != StepState.UNKNOWN and not guards.check(
         lease, plan.workflow, spec, step, replace(ctx, intent=intent), plan.steps
@@ -507,6 +499,16 @@ def _execute(lease: Lease, plan: _Plan, spec: StepSpec, step: StepExecution) -> 
     else:
         transitions.step_fail(lease=lease, step_name=name, error=error, spec=spec, auto_compensate=plan.auto_compensate)
     failpoints.hit(name, "after_outcome")
+
+
+def _intent(plan: _Plan, spec: StepSpec, ctx: StepContext) -> tuple[dict[str, Any], StepError | None]:
+    """The step's intent, or why it could not be built (a permanent error: nothing was sent).
+    What is persisted is what is replayed: the intent is redacted before it is hashed,
+    checkpointed and sent, so an attempt after a crash sends exactly what this one does."""
+    try:
+        return plan.workflow.redact(spec.intent_fn(ctx) if spec.intent_fn else {}), None
+    except Exception as exc:
+        return {}, PermanentError(f"could not build the step's intent: {classify(exc)}")
 
 
 MAX_LOCAL_GROUP = 16  # local steps made in one transaction at most
@@ -606,17 +608,18 @@ def _make_locals(
     raises _RolledBack at the first that fails."""
     for index, step in enumerate(group):
         name = step.step_name
-        following = working_on(f"step {name}", plan.run, step=name, attempt=step.attempts, key=step.idempotency_key)
-        with following if index else contextlib.nullcontext():  # the first is in its caller's
+        with (
+            working_on(f"step {name}", plan.run, step=name, attempt=step.attempts, key=step.idempotency_key)
+            if index
+            else contextlib.nullcontext()  # the first is in its caller's
+        ):
             if index:
                 spec = plan.workflow.get_step(name)
                 failpoints.hit(name, "before_intent")
                 ctx = plan.context(step)
-                try:
-                    intent = plan.workflow.redact(spec.intent_fn(ctx) if spec.intent_fn else {})
-                except Exception as exc:
-                    error = PermanentError(f"could not build the step's intent: {classify(exc)}")
-                    raise _RolledBack(_LocalFailure(index, name, error, None)) from exc
+                intent, unbuilt = _intent(plan, spec, ctx)
+                if unbuilt is not None:
+                    raise _RolledBack(_LocalFailure(index, name, unbuilt, None))
                 ctx, attempt = replace(ctx, intent=intent), (intent, payload_hash(intent))
             raw, error = invoke(spec.call, ctx, point=name, timed=plan.run.workflow_name)
             if error is not None:
