@@ -544,6 +544,11 @@ def _execute_local(
     leaves none made. Returns the error of an attempt of ``step`` that failed — rolled back, so
     it certainly left nothing (never an unknown outcome).
 
+    The group's checkpoints are written together, as one statement at its end
+    (``transitions.one_write``). If by then someone else has saved the run (an operator), or
+    the lease is gone, that statement matches nothing and the whole group rolls back: nothing
+    was made, and the next transition decides on fresh rows.
+
     A follower's failure rolls the whole group back. The steps before it are then made again,
     in a transaction of their own, and its failure is recorded as a single local step's is
     (begun, then failed): it is not attempted a second time here."""
@@ -551,9 +556,12 @@ def _execute_local(
     failed: _LocalFailure | None = None
     while True:
         try:
-            with transaction.atomic():
+            with transaction.atomic(), transitions.one_write(lease) if len(group) > 1 else contextlib.nullcontext():
                 _make_locals(lease, plan, spec, group, ctx, attempt)
             break
+        except transitions.StaleCopy:
+            lease.seen.clear()
+            return None
         except _RolledBack as rolled_back:
             lease.seen.clear()  # the copy holds outcomes that were rolled back
             failure = rolled_back.failure

@@ -16,7 +16,7 @@ checkpoint costs PostgreSQL about as much as running it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
@@ -160,6 +160,69 @@ def checkpoint(
     with _cursor(connection) as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount == 1
+
+
+def checkpoint_many(
+    run_pk: int,
+    run_values: dict[str, Any],
+    fence: dict[str, Any],
+    steps: dict[int, dict[str, Any]],
+    events: list[dict[str, Any]],
+) -> bool:
+    """PostgreSQL only: ``checkpoint`` for several steps of one run at once, as one statement —
+    the fenced UPDATE of the run, the UPDATE of each step (``steps``: its id to its values, the
+    same columns for each; all as one JSON parameter, as a start's steps) and the INSERT of the
+    audit events (all with the same columns; chained in this order), each only if the one
+    before matched. False if the fence did not match; then nothing was written."""
+    from recovery.models import StepExecution
+
+    connection = connections[DEFAULT_DB_ALIAS]
+    run_names = tuple(sorted(run_values))
+    step_names = tuple(sorted(next(iter(steps.values()))))
+    audit_names = tuple(sorted(events[0]))
+    shape, fence_params = _fence(fence)
+    sql, run_fields, step_fields, audit_fields = _checkpoint_many_sql(
+        run_names, shape, step_names, audit_names, len(events)
+    )
+    params = [*_params(connection, run_names, run_fields, run_values), run_pk, *fence_params]
+    rows = [{"id": pk, **values} for pk, values in steps.items()]
+    params.append(_step_rows(((StepExecution._meta.pk, False), *step_fields), rows))
+    for event in events:
+        params.extend(_params(connection, audit_names, audit_fields, event))
+    with _cursor(connection) as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == len(events)
+
+
+@cache
+def _checkpoint_many_sql(
+    run_names: tuple[str, ...],
+    fence: tuple[tuple[str, int], ...],
+    step_names: tuple[str, ...],
+    audit_names: tuple[str, ...],
+    events: int,
+) -> tuple[str, Columns, Columns, Columns]:
+    from recovery.models import AuditEvent, StepExecution, WorkflowRun
+
+    connection = connections[DEFAULT_DB_ALIAS]
+    quote = connection.ops.quote_name
+    run_sql, run_fields = _update_sql(connection.vendor, WorkflowRun, run_names, fence)
+    step_fields = _columns(StepExecution, step_names)
+    audit_fields = _columns(AuditEvent, audit_names)
+    step_table = quote(StepExecution._meta.db_table)
+    sets = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field, _ in step_fields)
+    columns = ", ".join(quote(field.column) for field, _ in audit_fields)
+    typed = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in audit_fields)
+    # As in a start: the events are chained in the order of their VALUES rows.
+    sql = (
+        f"WITH fenced AS ({run_sql} RETURNING 1), "
+        f"stepped AS (UPDATE {step_table} AS s SET {sets} "
+        f"FROM json_populate_recordset(NULL::{step_table}, CAST(%s AS json)) AS v "
+        f'WHERE s."id" = v."id" AND EXISTS (SELECT FROM fenced) RETURNING 1) '
+        f"INSERT INTO {quote(AuditEvent._meta.db_table)} ({columns}) "
+        f"SELECT e.* FROM (VALUES {', '.join([f'({typed})'] * events)}) AS e WHERE EXISTS (SELECT FROM stepped)"
+    )
+    return sql, run_fields, step_fields, audit_fields
 
 
 @cache
@@ -332,7 +395,7 @@ def start(
     params = _row(connection, run, run_fields)  # in the statement's order: the run, its events, its steps
     for event in events:
         params.extend(_params(connection, audit_names, audit_fields, event))
-    params.append(_step_rows(step_fields, steps))
+    params.append(_step_rows(step_fields, (vars(step) for step in steps)))  # a model keeps its values by attname
     with _cursor(connection) as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
@@ -350,8 +413,9 @@ def _row(connection, obj: models.Model, columns: Columns) -> list[Any]:
 _encode_rows = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-def _step_rows(columns: Columns, objs: list[models.Model]) -> str:
-    """The rows of ``objs`` as a JSON array of objects, column name to value, for
+def _step_rows(columns: Columns, objs: Iterable[Mapping[str, Any]]) -> str:
+    """The rows ``objs`` (each field's attribute name to its value) as a JSON array of objects,
+    column name to value, for
     ``json_populate_recordset``, which reads each value as its column's type would read its
     text: the values the ORM would have written. A string, an integer (choices included), a
     boolean or None goes as it is (a JSON null is read as SQL NULL, which is also what the ORM
@@ -362,7 +426,7 @@ def _step_rows(columns: Columns, objs: list[models.Model]) -> str:
     for obj in objs:
         row = {}
         for field, is_json in columns:
-            value = getattr(obj, field.attname)
+            value = obj[field.attname]
             if is_json:
                 if value is not None and field.encoder is not None:
                     value = json.loads(json.dumps(value, cls=field.encoder))

@@ -2,15 +2,19 @@
 transaction that records the step's outcome. Under every fault of the matrix each step's row
 exists exactly once at the end, and a failed or interrupted attempt leaves none."""
 
+import threading
+
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from recovery.engine import failpoints
+from recovery.engine.audit.chain import stored_chains, verify
 from recovery.engine.executor import advance
-from recovery.engine.transitions import run_start
+from recovery.engine.transitions import run_start, run_terminate
 from recovery.errors import TransientError
-from recovery.models import AuditEvent, RunState, StepState
+from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from recovery.testing import fault_matrix
 from tests.support.engine import advance_as_dying_workers, drive
 from tests.support.models import RemoteObject
@@ -90,11 +94,15 @@ def test_consecutive_local_steps_commit_their_effects_attempts_and_outcomes_once
     assert len(transactions) == 1, transactions  # one transaction for both steps, nothing after it
     (statements,) = transactions
     effects = [i for i, statement in enumerate(statements) if statement.startswith(EFFECT)]
-    assert len(effects) == 2 and effects[0] == 0, statements  # each step: its effect, then its checkpoint,
-    # one statement on PostgreSQL (run, step, audit event), three or four elsewhere
-    checkpoints = [effects[1] - 1, len(statements) - effects[1] - 1]
-    assert checkpoints == [1, 1] if connection.vendor == "postgresql" else min(checkpoints) >= 3, statements
+    if connection.vendor == "postgresql":
+        # Both effects, then both checkpoints as one statement (the run, both steps, both events).
+        assert effects == [0, 1] and len(statements) == 3, statements
+        assert "WITH fenced AS" in statements[2] and statements[2].count("INSERT INTO") == 1, statements
+    else:  # each step: its effect, then its checkpoint, three or four statements
+        assert len(effects) == 2 and effects[0] == 0, statements
+        assert min(effects[1] - 1, len(statements) - effects[1] - 1) >= 3, statements
     assert local_effects(run) == {"reserve": 1, "book": 1}
+    assert verify(stored_chains(run=run.workflow_id)).broken_runs == 0
     for name in ("reserve", "book"):
         step = run.steps.get(step_name=name)
         assert (step.state, step.attempts) == (StepState.SUCCEEDED, 1)
@@ -244,3 +252,79 @@ def test_a_follower_whose_intent_cannot_be_built_fails_alone_and_the_step_before
     assert "could not build the step's intent" in book.last_error
     actions = list(AuditEvent.objects.filter(run=run).exclude(step_name="").values_list("action", "step_name"))
     assert actions == [("step_succeed", "reserve"), ("step_fail", "book")]
+
+
+def while_book_runs(run, change) -> list[str]:
+    """Advance ``run``; as book's effect is about to be written (reserve's made, in the same
+    transaction), ``change(run)`` runs and commits on another connection, as another process
+    would. Returns the statements. ``lock_timeout``: a change that would wait for the group's
+    transaction fails instead (that would be a deadlock here: this thread waits for it)."""
+    sql = []
+
+    def other_process():
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '2s'")
+                change(run)
+        finally:
+            connection.close()
+
+    def wrapper(execute, statement, params, many, context):
+        sql.append(statement)
+        if statement.startswith(EFFECT) and sum(s.startswith(EFFECT) for s in sql) == 2:
+            thread = threading.Thread(target=other_process)
+            thread.start()
+            thread.join()
+        return execute(statement, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        advance(run.pk)
+    return sql
+
+
+@pytest.mark.usefixtures("postgres_only")
+def test_an_operator_who_terminates_the_run_while_its_local_group_runs_wins_and_nothing_of_the_group_is_made():
+    """The group's checkpoints are written at its end, as one fenced statement: an operator's
+    terminate that commits meanwhile makes it match nothing, and the group rolls back whole."""
+    run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "terminated"})[0]
+
+    def terminate(run):
+        run_terminate(workflow_id=run.workflow_id, actor=None, reason="duplicate order")
+
+    while_book_runs(run, terminate)
+
+    run.refresh_from_db()
+    assert run.state == RunState.TERMINATED
+    assert local_effects(run) == {"reserve": 0, "book": 0}
+    assert [(s.state, s.attempts) for s in run.steps.order_by("position")] == [(StepState.PENDING, 0)] * 2
+    actions = list(AuditEvent.objects.filter(run=run).order_by("id").values_list("action", flat=True))
+    assert actions == ["start", "claim", "terminate"]
+    assert verify(stored_chains(run=run.workflow_id)).broken_runs == 0
+
+
+@pytest.mark.usefixtures("postgres_only")
+def test_a_local_group_whose_run_was_saved_meanwhile_is_rolled_back_and_made_again_once_on_fresh_rows():
+    """Someone saves the run (its revision moves) while its local group runs, lease untouched:
+    the group's statement matches nothing, everything of it rolls back, and the executor makes
+    the group again on the rows as they are now: each effect, attempt and event once."""
+    run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "saved-meanwhile"})[0]
+
+    def save(run):
+        WorkflowRun.objects.filter(pk=run.pk).update(revision=F("revision") + 1)
+
+    sql = while_book_runs(run, save)
+
+    assert sum(s.startswith(EFFECT) for s in sql) == 4  # the group twice: rolled back once
+    run.refresh_from_db()
+    assert run.state == RunState.COMPLETED
+    assert local_effects(run) == {"reserve": 1, "book": 1}
+    assert [(s.state, s.attempts) for s in run.steps.order_by("position")] == [(StepState.SUCCEEDED, 1)] * 2
+    actions = list(AuditEvent.objects.filter(run=run).order_by("id").values_list("action", "step_name"))
+    assert actions == [
+        ("start", ""),
+        ("claim", ""),
+        ("step_succeed", "reserve"),
+        ("step_succeed", "book"),  # the run completed with it
+    ]
+    assert verify(stored_chains(run=run.workflow_id)).broken_runs == 0

@@ -16,10 +16,12 @@ package re-exports the public transitions: callers write ``transitions.run_resum
 from ._core import (
     RUN_LEASE_FIELDS,
     Lease,
+    StaleCopy,
     default_owner,
     in_flight_text,
     lease_duration,
     leased_run,
+    one_write,
     require_reason,
     run_version,
 )
@@ -123,6 +125,7 @@ __all__ = [
     "LABELS",
     "LEASED_RUN_STATES",
     "Lease",
+    "StaleCopy",
     "OutboxClaim",
     "RUN_LEASE_FIELDS",
     "RUN_TRANSITIONS",
@@ -142,6 +145,7 @@ __all__ = [
     "in_flight_text",
     "lease_duration",
     "leased_run",
+    "one_write",
     "needs_approval",
     "outbox_await_settle",
     "outbox_cancel",

@@ -99,6 +99,7 @@ def _audit(
     step_name: str = "",
     reason: str = "",
 ) -> None:
+    assert not _holding(), "a transition wrote while one_write held writes"
     who = _actor_fields(actor)
     storage.insert(AuditEvent, _audit_row(run, action, who, step_name, reason, before, after, now))
     _observed(run, action, step_name, after, who["actor"])
@@ -183,6 +184,7 @@ def _locked_run(lease: Lease) -> WorkflowRun:
     The run's row lock is what every writer of the run or of its steps takes first; if the
     run's revision is the one this executor last wrote, nobody else has changed either since,
     and ``lease.seen`` stays; otherwise it is dropped."""
+    _write_held()
     run = WorkflowRun.objects.select_for_update().filter(pk=lease.run_pk).first()
     if run is None or run.lease_generation != lease.generation or run.state not in LEASED_RUN_STATES:
         lease.seen.clear()
@@ -242,6 +244,7 @@ def _leased_step(lease: Lease, step_name: str, action: str, now: datetime | None
     lease) and then the step, let the body change them, and write the audit event with the
     state before and after (plus ``change.extra``). An exception writes nothing."""
     now = now or clock.now()
+    _write_held()
     try:
         with transaction.atomic():
             run = _fenced_run(lease, now, step_name)
@@ -316,14 +319,16 @@ def _one_statement(
             assert obj is run or obj is step, "a one-statement transition saves only its run and its step"
             (run_fields if obj is run else step_fields).update(fields)
         after = {**_snap(run, step), **change.extra}
-        written = storage.checkpoint(
-            run.pk,
-            {name: getattr(run, name) for name in run_fields},
-            {"lease_generation": lease.generation, "revision": revision, "state": LEASED_RUN_STATES},
-            step.pk,
-            {name: getattr(step, name) for name in step_fields or {"updated_at"}},
-            _audit_row(run, action, _actor_fields(None), step_name, change.reason, before, after, now),
-        )
+        run_values = {name: getattr(run, name) for name in run_fields}
+        fence = {"lease_generation": lease.generation, "revision": revision, "state": LEASED_RUN_STATES}
+        step_values = {name: getattr(step, name) for name in step_fields or {"updated_at"}}
+        event = _audit_row(run, action, _actor_fields(None), step_name, change.reason, before, after, now)
+        held = _HELD.get()
+        if held is not None and held.lease is lease:
+            held.hold(run.pk, run_values, fence, step.pk, step_values, event)
+            written = True
+        else:
+            written = storage.checkpoint(run.pk, run_values, fence, step.pk, step_values, event)
     except BaseException:
         lease.seen.clear()  # the copy holds changes that were not written
         raise
@@ -332,6 +337,89 @@ def _one_statement(
         return None
     _observed(run, action, step_name, after, EXECUTOR)
     return step
+
+
+class StaleCopy(Exception):
+    """Writes held by ``one_write`` found their fence no longer matching (someone else saved
+    the run since, or the lease is gone): nothing of them was written."""
+
+
+@dataclass
+class _Held:
+    """One-statement transitions of one run's steps, held by ``one_write``: the fence of the
+    first, the values written to the run and to each step (the later over the earlier), the
+    audit events in order."""
+
+    lease: Lease
+    run_pk: int | None = None
+    fence: dict[str, Any] = field(default_factory=dict)
+    run_values: dict[str, Any] = field(default_factory=dict)
+    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def hold(
+        self,
+        run_pk: int,
+        run_values: dict[str, Any],
+        fence: dict[str, Any],
+        step_pk: int,
+        step_values: dict[str, Any],
+        event: dict[str, Any],
+    ) -> None:
+        if self.steps and (step_pk in self.steps or step_values.keys() != next(iter(self.steps.values())).keys()):
+            self.write()  # one statement writes the same columns of each step, once
+        if self.run_pk is None:
+            self.run_pk, self.fence = run_pk, fence
+        assert run_pk == self.run_pk, "held writes are of one run"
+        self.run_values.update(run_values)
+        self.steps[step_pk] = step_values
+        self.events.append(event)
+
+    def write(self) -> None:
+        """Write what is held (as one statement), then hold nothing. Raises StaleCopy if the
+        fence did not match: then the caller's transaction must roll back."""
+        if self.run_pk is None:
+            return
+        run_pk, fence, run_values, steps, events = self.run_pk, self.fence, self.run_values, self.steps, self.events
+        self.run_pk, self.fence, self.run_values, self.steps, self.events = None, {}, {}, {}, []
+        if not storage.checkpoint_many(run_pk, run_values, fence, steps, events):
+            self.lease.seen.clear()
+            raise StaleCopy(f"run {run_pk} was saved by someone else, or lease {self.lease.generation} is gone")
+
+
+_HELD: ContextVar[_Held | None] = ContextVar("recovery_held_writes", default=None)
+
+
+@contextmanager
+def one_write(lease: Lease) -> Iterator[None]:
+    """Inside a transaction: the one-statement transitions of the lease's run made in the block
+    (on PostgreSQL, under a current copy) are held, and written together as one statement when
+    the block ends (``storage.checkpoint_many``). For steps that commit together anyway (a
+    group of local steps): one round trip instead of one per step. Any other write of the run
+    writes what is held first, so the audit events keep their order. Raises StaleCopy (nothing
+    of the block written, the copy dropped) if the fence no longer matches when they are
+    written; the caller's transaction must then roll back, and the caller decide again on
+    fresh rows."""
+    assert transaction.get_connection().in_atomic_block, "held writes must commit with the block's transaction"
+    held = _Held(lease)
+    token = _HELD.set(held)
+    try:
+        yield
+        held.write()
+    finally:
+        _HELD.reset(token)
+
+
+def _holding() -> bool:
+    held = _HELD.get()
+    return held is not None and held.run_pk is not None
+
+
+def _write_held() -> None:
+    """Before a write the ordinary way: what ``one_write`` holds goes first."""
+    held = _HELD.get()
+    if held is not None:
+        held.write()
 
 
 def _fenced_run(lease: Lease, now: datetime, step_name: str) -> WorkflowRun:
