@@ -2,10 +2,11 @@
 executor is the run's only writer, and is dropped the moment anyone else saves the run."""
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from recovery.engine import transitions
+from recovery.engine.audit.chain import stored_chains, verify
 from recovery.engine.executor import advance
 from recovery.engine.transitions import leased_run, run_claim, run_start
 from recovery.engine.transitions._core import _save_run
@@ -47,6 +48,30 @@ def test_a_step_checkpoints_in_two_writes_and_reads_nothing_in_between():
     assert steps[0].state == StepState.SUCCEEDED and steps[0].result == {"text": "x"}
     run.refresh_from_db()
     assert run.lease_expires_at is not None and run.current_step == "read"
+
+
+def written_checkpoints(queries) -> list[int]:
+    """For each checkpoint statement captured, how many audit events it wrote (its VALUES rows)."""
+    return [q["sql"].count("(CAST(%s") for q in queries.captured_queries if "WITH" in verb(q["sql"])]
+
+
+@pytest.mark.usefixtures("postgres_only")
+def test_held_checkpoints_are_written_as_one_statement_and_a_step_held_twice_writes_the_first_before_the_second():
+    """``one_write``: the one-statement transitions in the block wait for its end and go as one
+    statement, but a step's second transition makes the first be written before it is held
+    (one statement writes each step once); the audit events keep their order."""
+    run = start()
+    lease = run_claim(run_pk=run.pk)
+    with CaptureQueriesContext(connection) as queries, transaction.atomic(), transitions.one_write(lease):
+        transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
+        assert not [q for q in queries.captured_queries if "WITH" in verb(q["sql"])]  # held, not written
+        transitions.step_succeed(lease=lease, step_name="read", outcome=Outcome(result={"text": "x"}))
+    assert written_checkpoints(queries) == [1, 1]  # begin written when succeed came, then succeed at the end
+    read = run.steps.get(step_name="read")
+    assert (read.state, read.attempts, read.result) == (StepState.SUCCEEDED, 1, {"text": "x"})
+    actions = list(AuditEvent.objects.filter(run=run).order_by("id").values_list("action", "step_name"))
+    assert actions[-2:] == [("step_begin", "read"), ("step_succeed", "read")]
+    assert verify(stored_chains(run=run.workflow_id)).broken_runs == 0
 
 
 def test_a_run_saved_by_someone_else_is_read_again_before_the_next_checkpoint(clock):
