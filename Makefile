@@ -32,12 +32,14 @@ run: migrate
 	  $(PY) manage.py run_executor & \
 	  $(PY) manage.py runserver 127.0.0.1:$(PORT) --noreload
 
-# The whole suite. Honours DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/recovery),
-# SANDBOX_DATABASE_URL and CELERY_BROKER_URL; on the embedded default the PostgreSQL-only tests skip with a reason.
+# The whole suite, in TEST_WORKERS processes (pytest-xdist; each has its own test databases). Honours
+# DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/recovery), SANDBOX_DATABASE_URL and
+# CELERY_BROKER_URL; on the embedded default the PostgreSQL-only tests skip with a reason.
+TEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # The whole system under real process death (docs/soak.md): the engine's database on a throwaway
 # PostgreSQL cluster of its own (restarted once), the sandbox's on the server of DATABASE_URL, its

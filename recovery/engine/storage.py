@@ -202,25 +202,20 @@ def _checkpoint_many_sql(
     audit_names: tuple[str, ...],
     events: int,
 ) -> tuple[str, Columns, Columns, Columns]:
-    from recovery.models import AuditEvent, StepExecution, WorkflowRun
+    from recovery.models import StepExecution
 
-    connection = connections[DEFAULT_DB_ALIAS]
-    quote = connection.ops.quote_name
-    run_sql, run_fields = _update_sql(connection.vendor, WorkflowRun, run_names, fence)
+    quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
+    fenced, run_fields, insert, typed, audit_fields = _checkpoint_parts(run_names, fence, audit_names)
     step_fields = _columns(StepExecution, step_names)
-    audit_fields = _columns(AuditEvent, audit_names)
     step_table = quote(StepExecution._meta.db_table)
     sets = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field, _ in step_fields)
-    columns = ", ".join(quote(field.column) for field, _ in audit_fields)
-    typed = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in audit_fields)
     # As in a start: the events are chained in the order of their VALUES rows.
     sql = (
-        f"WITH fenced AS ({run_sql} RETURNING 1), "
-        f"stepped AS (UPDATE {step_table} AS s SET {sets} "
+        f"{fenced}, stepped AS (UPDATE {step_table} AS s SET {sets} "
         f"FROM json_populate_recordset(NULL::{step_table}, CAST(%s AS json)) AS v "
         f'WHERE s."id" = v."id" AND EXISTS (SELECT FROM fenced) RETURNING 1) '
-        f"INSERT INTO {quote(AuditEvent._meta.db_table)} ({columns}) "
-        f"SELECT e.* FROM (VALUES {', '.join([f'({typed})'] * events)}) AS e WHERE EXISTS (SELECT FROM stepped)"
+        f"{insert} SELECT e.* FROM (VALUES {', '.join([f'({typed})'] * events)}) AS e "
+        "WHERE EXISTS (SELECT FROM stepped)"
     )
     return sql, run_fields, step_fields, audit_fields
 
@@ -232,22 +227,34 @@ def _checkpoint_sql(
     step_names: tuple[str, ...],
     audit_names: tuple[str, ...],
 ) -> tuple[str, Columns, Columns, Columns]:
-    from recovery.models import AuditEvent, StepExecution, WorkflowRun
+    from recovery.models import StepExecution
+
+    fenced, run_fields, insert, typed, audit_fields = _checkpoint_parts(run_names, fence, audit_names)
+    step_sql, step_fields = _update_sql(connections[DEFAULT_DB_ALIAS].vendor, StepExecution, step_names, ())
+    sql = (
+        f"{fenced}, stepped AS ({step_sql} AND EXISTS (SELECT FROM fenced) RETURNING 1) "
+        f"{insert} SELECT {typed} FROM stepped"
+    )
+    return sql, run_fields, step_fields, audit_fields
+
+
+def _checkpoint_parts(
+    run_names: tuple[str, ...], fence: tuple[tuple[str, int], ...], audit_names: tuple[str, ...]
+) -> tuple[str, Columns, str, str, Columns]:
+    """What a checkpoint statement of one step or several begins and ends with: the fenced
+    UPDATE of the run (``WITH fenced AS (…)``), and the INSERT of audit events with one row's
+    typed placeholders."""
+    from recovery.models import AuditEvent, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
     run_sql, run_fields = _update_sql(connection.vendor, WorkflowRun, run_names, fence)
-    step_sql, step_fields = _update_sql(connection.vendor, StepExecution, step_names, ())
     audit_fields = _columns(AuditEvent, audit_names)
     columns = ", ".join(quote(field.column) for field, _ in audit_fields)
     # Typed placeholders: in INSERT … SELECT, an untyped literal would be taken as text.
-    values = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in audit_fields)
-    sql = (
-        f"WITH fenced AS ({run_sql} RETURNING 1), "
-        f"stepped AS ({step_sql} AND EXISTS (SELECT FROM fenced) RETURNING 1) "
-        f"INSERT INTO {quote(AuditEvent._meta.db_table)} ({columns}) SELECT {values} FROM stepped"
-    )
-    return sql, run_fields, step_fields, audit_fields
+    typed = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in audit_fields)
+    insert = f"INSERT INTO {quote(AuditEvent._meta.db_table)} ({columns})"
+    return f"WITH fenced AS ({run_sql} RETURNING 1)", run_fields, insert, typed, audit_fields
 
 
 def claim(
