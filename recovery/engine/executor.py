@@ -560,8 +560,7 @@ def _execute_local(
                 _make_locals(lease, plan, spec, group, ctx, attempt)
             break
         except transitions.StaleCopy:
-            lease.seen.clear()
-            return None
+            return None  # nothing made; StaleCopy dropped the copy, the next transition reads afresh
         except _RolledBack as rolled_back:
             lease.seen.clear()  # the copy holds outcomes that were rolled back
             failure = rolled_back.failure

@@ -420,20 +420,19 @@ def _row(connection, obj: models.Model, columns: Columns) -> list[Any]:
 _encode_rows = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
-def _step_rows(columns: Columns, objs: Iterable[Mapping[str, Any]]) -> str:
-    """The rows ``objs`` (each field's attribute name to its value) as a JSON array of objects,
-    column name to value, for
-    ``json_populate_recordset``, which reads each value as its column's type would read its
-    text: the values the ORM would have written. A string, an integer (choices included), a
+def _step_rows(columns: Columns, rows: Iterable[Mapping[str, Any]]) -> str:
+    """``rows`` (each field's attribute name to its value) as a JSON array of objects, column
+    name to value, for ``json_populate_recordset``, which reads each value as its column's type
+    would read its text: the values the ORM would have written. A string, an integer (choices included), a
     boolean or None goes as it is (a JSON null is read as SQL NULL, which is also what the ORM
     writes for a JSON field's None); an aware datetime as its ISO text, microseconds kept; a JSON
     field's value as the nested document, through the field's encoder if it has one. Any other
     value raises TypeError rather than be written in a form the ORM might not have given it."""
-    rows = []
-    for obj in objs:
+    written = []
+    for values in rows:
         row = {}
         for field, is_json in columns:
-            value = obj[field.attname]
+            value = values[field.attname]
             if is_json:
                 if value is not None and field.encoder is not None:
                     value = json.loads(json.dumps(value, cls=field.encoder))
@@ -442,8 +441,8 @@ def _step_rows(columns: Columns, objs: Iterable[Mapping[str, Any]]) -> str:
                     raise TypeError(f"{field.model.__name__}.{field.name}: no JSON form for {value!r}")
                 value = value.isoformat()
             row[field.column] = value
-        rows.append(row)
-    return _encode_rows(rows)
+        written.append(row)
+    return _encode_rows(written)
 
 
 def _written(model: type[models.Model], *, without: str = "") -> Columns:
