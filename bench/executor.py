@@ -99,7 +99,16 @@ engine's share: (commits - 3*M) / (3*M), the 3*M being the effect inserts, each 
 on its own (one per step). The ceiling's is 2. ``worker CPU ms/step`` is the CPU time of the
 worker processes (all their threads, not PostgreSQL's) from ``go`` to ``done``, per step: with
 steps/s it tells a contender that waits on the database from one that computes (not measured
-for Celery's pool processes).
+for Celery's pool processes). ``pg CPU ms/step`` is the CPU time (user and system, from
+``/proc/<pid>/stat``) of the PostgreSQL backends serving the measurement's database, from ``go``
+to ``done``, per step: the server's share of the work, log flushes included (not its WAL writer,
+checkpointer or autovacuum, which serve every database). Only when the server runs on this
+machine (a ``127.0.0.1``/``localhost`` URL whose backends' pids are ``postgres`` processes
+here); a backend that connects after ``go`` counts from its start, one that leaves before
+``done`` is missed (workers keep their connections until the bench has read them; not
+measured for Celery). On a
+machine whose cores are all busy, steps/s is bounded by (worker + pg CPU) per step: the sum
+compares contenders' costs where steps/s compares their speed.
 
 What each clock includes: ours, ours_bare, ours_call and ours_call_nohb run runs started before
 the clock (``pre-started``: the executor alone); ours_e2e and ours_call_e2e start every run
@@ -227,6 +236,7 @@ class Sample:
     rollbacks: int
     worker_cpu: float | None  # CPU seconds of the worker processes (not PostgreSQL's), None for Celery
     rep: int = 0  # the repetition, from 0
+    pg_cpu: float | None = None  # CPU seconds of the database's PostgreSQL backends, None if not measured
 
     @property
     def steps_per_s(self) -> float:
@@ -243,6 +253,10 @@ class Sample:
     @property
     def cpu_ms_per_step(self) -> float | None:
         return None if self.worker_cpu is None else 1000 * self.worker_cpu / self.steps
+
+    @property
+    def pg_cpu_ms_per_step(self) -> float | None:
+        return None if self.pg_cpu is None else 1000 * self.pg_cpu / self.steps
 
     @property
     def engine_commits_per_step(self) -> float | None:
@@ -428,6 +442,31 @@ class Server:
         ).fetchone()
         return int(row[0] or 0), int(row[1] or 0)
 
+    def backends_cpu(self, database: str) -> dict[int, float] | None:
+        """CPU seconds (user + system) each client backend on ``database`` has used so far, by
+        pid, from ``/proc``; None unless the server runs on this machine."""
+        if self._parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+            return None
+        pids = self.admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND backend_type = 'client backend'", [database]
+        ).fetchall()
+        ticks = os.sysconf("SC_CLK_TCK")
+        used = {}
+        for (pid,) in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    is_postgres = cmdline.read().startswith(b"postgres")
+            except FileNotFoundError:
+                continue  # it has just left
+            except OSError:
+                return None
+            if not is_postgres:
+                return None  # another machine's pids
+            used[pid] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        return used
+
     def execute(self, database: str, *statements: str) -> None:
         with psycopg.connect(self.url(database), autocommit=True) as conn:
             for statement in statements:
@@ -521,18 +560,21 @@ class Bench:
     def measure(self, contender: str, template: str, workers: int, rep: int) -> Sample:
         database = self.server.create(f"{contender}_w{workers}_r{rep}", template=template)
         try:
+            pg_cpu = None
             if contender == "celery":
                 seconds, commits, rollbacks, cpu = *self._run_celery(database, workers, rep), None
             elif contender == "ours_api":
-                seconds, commits, rollbacks, cpu = self._run_api(database, workers, rep)
+                seconds, commits, rollbacks, cpu, pg_cpu = self._run_api(database, workers, rep)
             else:
-                seconds, commits, rollbacks, cpu = self._run_processes(contender, database, workers, rep)
+                seconds, commits, rollbacks, cpu, pg_cpu = self._run_processes(contender, database, workers, rep)
             self._verify(contender, database)
         finally:
             self.server.drop(database)
-        return Sample(contender, workers, seconds, self.steps, commits, rollbacks, cpu, rep)
+        return Sample(contender, workers, seconds, self.steps, commits, rollbacks, cpu, rep, pg_cpu)
 
-    def _run_processes(self, contender: str, database: str, workers: int, rep: int) -> tuple[float, int, int, float]:
+    def _run_processes(
+        self, contender: str, database: str, workers: int, rep: int
+    ) -> tuple[float, int, int, float, float | None]:
         if contender in ENGINE:
             env = self.django_env(
                 database,
@@ -552,16 +594,20 @@ class Bench:
         for proc in procs:
             proc.expect("ready", deadline)
         before = self.server.xacts(database)
+        backends = self.server.backends_cpu(database)
         began = time.perf_counter()
         for proc in procs:
             proc.send("go")
         cpu = sum(float(proc.expect("done", deadline).split()[1]) for proc in procs)
         seconds = time.perf_counter() - began
+        pg_cpu = _cpu_since(backends, self.server.backends_cpu(database))
+        for proc in procs:
+            proc.send("exit")
         for proc in procs:
             proc.wait(60)
         self.server.wait_idle(database)
         after = self.server.xacts(database)
-        return seconds, after[0] - before[0], after[1] - before[1], cpu
+        return seconds, after[0] - before[0], after[1] - before[1], cpu, pg_cpu
 
     def _worker_argv(self, contender: str, database: str, index: int, workers: int) -> list[str]:
         share = ["--index", str(index), "--workers", str(workers), *self._workflows_arg()]
@@ -624,7 +670,7 @@ class Bench:
                 raise BenchError(f"the Celery worker did not answer{worker.log_tail()}")
         return worker, node
 
-    def _run_api(self, database: str, workers: int, rep: int) -> tuple[float, int, int, float]:
+    def _run_api(self, database: str, workers: int, rep: int) -> tuple[float, int, int, float, float | None]:
         """The M events posted to the event API (gunicorn, API_WORKERS sync workers, token
         authentication, JSON arrays of API_BATCH) from three client threads while ``workers``
         executors serve; timed from ``go`` until every run has completed."""
@@ -658,6 +704,7 @@ class Bench:
             with psycopg.connect(self.server.url(database), autocommit=True) as poller:
                 poller.execute(FLUSH_STATS)
                 before = self.server.xacts(database)
+                backends = self.server.backends_cpu(database)
                 cpu_served = _cpu_seconds(served)
                 began = time.perf_counter()
                 for proc in procs:
@@ -671,9 +718,12 @@ class Bench:
                 seconds = time.perf_counter() - began
                 client.join()
                 cpu_served = _cpu_seconds(served) - cpu_served
+                pg_cpu = _cpu_since(backends, self.server.backends_cpu(database))
             for proc in procs:
                 proc.send("stop")
             cpu = sum(float(proc.expect("done", deadline).split()[1]) for proc in procs) + cpu_served
+            for proc in procs:
+                proc.send("exit")
             for proc in procs:
                 proc.wait(60)
             check_answers(batches, answers)
@@ -681,7 +731,7 @@ class Bench:
             server.stop()
         self.server.wait_idle(database)
         after = self.server.xacts(database)
-        return seconds, after[0] - before[0] - polls, after[1] - before[1], cpu
+        return seconds, after[0] - before[0] - polls, after[1] - before[1], cpu, pg_cpu
 
     def api_ingestion(self, template: str) -> float:
         """Events/s the event API takes alone (bench/start.py's measure_api: gunicorn with
@@ -709,6 +759,14 @@ class Bench:
                     raise BenchError(
                         f"{contender}: {finished} of {total} workflows finished, expected {self.workflows}"
                     )
+
+
+def _cpu_since(before: dict[int, float] | None, after: dict[int, float] | None) -> float | None:
+    """The backends' CPU seconds between two ``Server.backends_cpu`` readings (a backend new
+    since the first counts from its start)."""
+    if before is None or after is None:
+        return None
+    return sum(used - before.get(pid, 0.0) for pid, used in after.items())
 
 
 def poll(conn: psycopg.Connection, count_sql: str, target: int, deadline: float, what: str, tail: Callable) -> int:
@@ -768,7 +826,7 @@ def report(
     width = max([10, *(len(contender) + 1 for contender, _ in groups)])
     print(
         f"{'contender':<{width}}{'workers':>8}{'steps/s':>10}  {'min-max':<15}{'pg commits/step':>16}"
-        f"{'rollbacks/step':>15}{'commits_per_step':>17}{'worker CPU ms/step':>20}"
+        f"{'rollbacks/step':>15}{'commits_per_step':>17}{'worker CPU ms/step':>20}{'pg CPU ms/step':>16}"
     )
     for (contender, workers), summary in sorted(groups.items(), key=lambda g: (CONTENDERS.index(g[0][0]), g[0][1])):
         low, high = summary.spread(lambda s: s.steps_per_s)
@@ -778,6 +836,7 @@ def report(
             f"{_cell(summary, lambda s: s.rollbacks_per_step):>15}"
             f"{_cell(summary, lambda s: s.engine_commits_per_step):>17}"
             f"{_cell(summary, lambda s: s.cpu_ms_per_step):>20}"
+            f"{_cell(summary, lambda s: s.pg_cpu_ms_per_step):>16}"
         )
     for workers in args.workers:
         ratios = [
@@ -854,7 +913,9 @@ def summary_json(
 
     def median(contender: str, metric: Callable[[Sample], Any]) -> float | None:
         summary = groups.get((contender, workers))
-        return round(summary.median(metric), 3) if summary else None
+        if summary is None or any(metric(s) is None for s in summary.samples):
+            return None
+        return round(summary.median(metric), 3)
 
     def ratio(other: str) -> float | None:
         value = _ratio(groups, workers, other)
@@ -868,6 +929,7 @@ def summary_json(
         "commits_per_step": median("ours", lambda s: s.engine_commits_per_step),
         "pg_commits_per_step": median("ours", lambda s: s.commits_per_step),
         "cpu_ms_per_step": median("ours", lambda s: s.cpu_ms_per_step),
+        "pg_cpu_ms_per_step": median("ours", lambda s: s.pg_cpu_ms_per_step),
     }
     for other in CONTENDERS[1:]:
         result[f"{other}_steps_per_s"] = median(other, lambda s: s.steps_per_s)
@@ -875,6 +937,7 @@ def summary_json(
         result[f"{other}_pg_commits_per_step"] = median(other, lambda s: s.commits_per_step)
         if other != "celery":
             result[f"{other}_cpu_ms_per_step"] = median(other, lambda s: s.cpu_ms_per_step)
+            result[f"{other}_pg_cpu_ms_per_step"] = median(other, lambda s: s.pg_cpu_ms_per_step)
     result["start_runs_per_s"] = round(args.workflows / start_seconds, 1) if start_seconds else None
     result["api_events_per_s"] = round(api_rate, 1) if api_rate else None
     # End to end: every run's start inside the clock, as DBOS's workflow start is in its.

@@ -11,7 +11,7 @@ Every worker speaks the same protocol on stdin/stdout, so that only the work is 
 and connects, flushes its connection's pending statistics (``pg_stat_force_next_flush()``, so the
 set-up's transactions are counted before the benchmark's snapshot, not inside it), prints
 ``ready``, waits for ``go`` on stdin, does its share, prints ``done <CPU seconds it used since go>``
-and only then tears down.
+and only tears down after ``exit`` on stdin.
 A DBOS, ceiling or ``ours_e2e`` worker takes workflows ``K, K+N, K+2N, …`` of ``0…M-1``; our
 executors share the runs already started through the engine's own claim.
 """
@@ -53,8 +53,11 @@ def ready_then_wait_for_go() -> float:
 
 
 def done(cpu_at_go: float) -> None:
-    """Says ``done <CPU seconds since go>`` (all of the process's threads)."""
+    """Says ``done <CPU seconds since go>`` (all of the process's threads), then waits for ``exit``
+    on stdin (or its end) before the worker tears down: its connections stay open until the bench
+    has read their backends' CPU."""
     say(f"done {time.process_time() - cpu_at_go:.3f}")
+    sys.stdin.readline()
 
 
 def setup_django() -> None:
