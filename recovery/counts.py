@@ -136,6 +136,28 @@ def stuck_counts(*, now: datetime, states: list[dict[str, Any]] | None = None) -
     ]
 
 
+def workflow_names(registered: list[str]) -> list[str]:
+    """The workflows whose runs are counted per workflow (``/metrics``, the dashboard, the runs
+    list's filter): the ``registered`` ones, then, each once, the names of runs whose workflow is
+    no longer registered (renamed or removed by a deploy: their runs keep the old name and may
+    still be stuck). One statement reading one index entry per name (``run_workflow_state_idx``:
+    the smallest name, then the smallest one after it, …), never every run."""
+    table = WorkflowRun._meta.db_table
+    with connections[WorkflowRun.objects.db].cursor() as cursor:
+        cursor.execute(
+            f"""WITH RECURSIVE names(name) AS (
+                    SELECT MIN(workflow_name) FROM {table}
+                    UNION ALL
+                    SELECT (SELECT MIN(workflow_name) FROM {table} WHERE workflow_name > names.name)
+                    FROM names WHERE names.name IS NOT NULL
+                )
+                SELECT name FROM names WHERE name IS NOT NULL"""
+        )
+        found = [name for (name,) in cursor.fetchall()]
+    known = set(registered)
+    return list(registered) + [name for name in found if name not in known]
+
+
 def by_workflow(workflows: list[str], *, now: datetime) -> dict[str, dict[tuple[str, str], tuple[int, bool]]]:
     """Runs by (workflow, state) and stuck runs by (workflow, cause), each capped, in one
     statement: ``{"states": {(workflow, state): (n, capped)}, "stuck": {(workflow, cause): …}}``.

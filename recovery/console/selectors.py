@@ -12,6 +12,7 @@ from django.db.models import Q, Value
 from django.db.models.functions import StrIndex, Upper
 from django.utils.timezone import localtime
 
+from recovery import counts
 from recovery.counts import STUCK_LABELS, stuck_causes
 from recovery.models import (
     DecisionState,
@@ -285,9 +286,14 @@ def uncounted() -> dict[str, list[dict[str, Any]]]:
 
 
 def workflow_names() -> list[str]:
+    """The registered workflows, then those only old runs still name (``counts.workflow_names``)."""
+    return counts.workflow_names(sorted(registered_names()))
+
+
+def registered_names() -> set[str]:
     from recovery.workflow import all_workflows
 
-    return [wf.name for wf in all_workflows()]
+    return {wf.name for wf in all_workflows()}
 
 
 # --- one run ---------------------------------------------------------------------------

@@ -104,7 +104,6 @@ def runs_list(request: HttpRequest) -> HttpResponse:
     context = {
         "filters": filters,
         "stuck_labels": counts.STUCK_LABELS,
-        "workflows": selectors.workflow_names(),
         "ages": list(selectors.AGES),
         "states": WorkflowRun._meta.get_field("state").choices,
         "can_bulk": can(request.user, "bulk"),
@@ -137,6 +136,8 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         # The whole page comes without its numbers: the chips are there to click at once, and
         # their counts (a third of the page's SQL) follow in the counts part's own request.
         context.update(counting=True, **selectors.uncounted())
+        workflows = selectors.workflow_names()  # the filter's choices, old runs' names included
+        context.update(workflows=workflows, unregistered=set(workflows) - selectors.registered_names())
     return render(request, f"console/runs.html#{partial}" if partial else "console/runs.html", context)
 
 

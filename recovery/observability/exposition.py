@@ -24,7 +24,7 @@ class DatabaseGauges:
 
     def collect(self) -> Iterator[Metric]:
         now = clock.now()
-        found = counts.by_workflow([wf.name for wf in all_workflows()], now=now)
+        found = counts.by_workflow(counts.workflow_names([wf.name for wf in all_workflows()]), now=now)
         cap = f"(capped at {counts.COUNT_CAP:,}: that value means at least as many)"
         runs = GaugeMetricFamily("recovery_runs", f"Runs by workflow and state {cap}.", labels=["workflow", "state"])
         for (workflow, state), (n, _) in found["states"].items():

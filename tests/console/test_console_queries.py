@@ -33,9 +33,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # two causes are states: counted once).
 # Session, user, role, the page of runs, their steps and approval requests (for "why"); the
 # counts come in the counts part's own request: the state counts in one query, the stuck
-# causes in one more.
-RUNS_PAGE_QUERIES = 6
-RUNS_TABLE_QUERIES = 6  # an htmx refresh of the table
+# causes in one more. The whole page also reads the workflow names its runs have (the filter's
+# choices: old runs of a workflow no longer registered included), one index entry per name.
+RUNS_PAGE_QUERIES = 7
+RUNS_TABLE_QUERIES = 6  # an htmx refresh of the table: no filter form
 COUNTS_QUERIES = 5  # the counts part (on load, and its refresh): no page of runs
 # Session, user, role, the run, its steps, audit events, decisions, outbox, alerts (their deliveries
 # only when it has some), saved versions, timeline.

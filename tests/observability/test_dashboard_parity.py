@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
+from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
 from recovery.engine.transitions import perform, run_start
-from recovery.models import RunState
+from recovery.models import RunState, WorkflowRun
 from tests.support import receivers
 from tests.support.console import login
 from tests.support.engine import drive, person
@@ -70,3 +71,29 @@ def test_the_dashboard_shows_what_a_scrape_reads(clock):
     assert [(a["action"], a["role"], a["count"]) for a in context["engine"]["actions"]] == actions
     assert ("retry", "operator") in {(a, r) for a, r, _ in actions}
     assert "By workflow" in page.text and "Since the engine" in page.text
+
+
+def test_runs_of_a_workflow_no_longer_registered_have_their_column_and_filter(clock):
+    receivers.arm("ledger", "unavailable", times=10)
+    stuck = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "old"})[0], clock)
+    WorkflowRun.objects.filter(pk=stuck.pk).update(workflow_name="test_orders_retired")  # a deploy renamed it
+
+    viewer = login("viewer")
+    page = viewer.get("/dashboard")
+    assert page.context["workflows"][-1] == "test_orders_retired"
+    assert page.context["unregistered"] == {"test_orders_retired"}
+    assert "test_orders_retired <span class=\"sub\">(not registered)</span>" in page.text
+    column = page.context["workflows"].index("test_orders_retired")
+    shown = {row["label"]: row["cells"][column][0] for row in page.context["by_workflow"]}
+    retired = {
+        s.labels["state"]: s.value for s in scraped()["recovery_runs"] if s.labels["workflow"] == "test_orders_retired"
+    }
+    assert shown["Needs review"] == retired["needs_review"] == 1
+    assert shown["Retries exhausted"] == 1
+
+    runs = viewer.get(reverse("console:runs"))
+    assert '<option value="test_orders_retired">test_orders_retired (not registered)</option>' in runs.text
+    assert '<option value="test_orders">test_orders</option>' in runs.text
+    listed = viewer.get(reverse("console:runs") + "?workflow=test_orders_retired")
+    assert [r.workflow_id for r in listed.context["runs"]] == [stuck.workflow_id]
+    assert '<option value="test_orders_retired" selected>' in listed.text

@@ -11,9 +11,10 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from recovery import counts
+from recovery.console import selectors
 from recovery.engine.executor import run_forever
 from recovery.engine.transitions import run_start, sweeper_beat
-from recovery.models import OutboxMessage, OutboxState, RunState, SweeperBeat
+from recovery.models import OutboxMessage, OutboxState, RunState, SweeperBeat, WorkflowRun
 from recovery.observability import health
 from tests.support import receivers
 from tests.support.engine import drive, free_port
@@ -153,3 +154,24 @@ def test_readyz_says_the_migrations_are_missing_before_it_looks_for_the_sweeper(
         "database": {"ok": True, "detail": "answers"},
         "migrations": {"ok": False, "detail": "1 migration(s) not applied: run manage.py migrate"},
     }
+
+
+def test_runs_of_a_workflow_no_longer_registered_still_count(clock):
+    """A deploy renamed or removed a workflow: its runs keep their old name, and a stuck one must
+    still show in the gauges (an alert on recovery_stuck_runs is how an operator hears of it)."""
+    receivers.arm("ledger", "unavailable", times=10)
+    stuck = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "old"})[0], clock)
+    assert stuck.state == RunState.NEEDS_REVIEW
+    WorkflowRun.objects.filter(pk=stuck.pk).update(workflow_name="test_orders_retired")  # its code is gone
+
+    families = scrape()
+    assert value(families, "recovery_runs", workflow="test_orders_retired", state="needs_review") == 1
+    assert value(families, "recovery_runs", workflow="test_orders_retired", state="completed") == 0
+    assert value(families, "recovery_stuck_runs", workflow="test_orders_retired", cause="needs_review") == 1
+    assert value(families, "recovery_stuck_runs", workflow="test_orders_retired", cause="exhausted") == 1
+    assert value(families, "recovery_runs", workflow="test_orders", state="needs_review") == 0
+    # Registered workflows without runs still have their series (at 0), listed first.
+    assert value(families, "recovery_runs", workflow="test_local", state="completed") == 0
+    names = selectors.workflow_names()
+    assert names[-1] == "test_orders_retired" and "test_orders" in names[:-1]
+    assert len(names) == len(set(names))
