@@ -34,6 +34,7 @@ class OperatorAction:
     bulk: bool = False  # the console's bulk form may apply it to many runs
     evidence: bool = False  # takes the remote id that shows the effect happened (--remote-ref)
     decision: bool = False  # takes an edited decision (JSON) for a model step
+    duration: bool = False  # takes how long it lasts, in hours (--hours; its transition's default without)
     options: dict[str, Any] = field(default_factory=dict)  # fixed arguments of the transition
 
 
@@ -68,7 +69,7 @@ ACTIONS: dict[str, OperatorAction] = {
         ),
         OperatorAction("decide_again", "ask the model again", "supersede", "decision_supersede", StepArg.REQUIRED),
         OperatorAction("override", "accept the refused proposal", "override", "step_override", StepArg.REQUIRED),
-        OperatorAction("snooze_alert", "snooze its alert", "snooze", "alert_snooze"),
+        OperatorAction("snooze_alert", "snooze its alert", "snooze", "alert_snooze", duration=True),
         OperatorAction("stop_agent", "stop the agent", "stop_agent", "agent_stop", StepArg.REQUIRED),
         OperatorAction("fork_agent", "fork the agent from this turn", "fork_agent", "agent_fork", StepArg.REQUIRED),
     )
@@ -82,6 +83,24 @@ DECISIONS = {"approve": "approve", "reject": "approve"}
 
 # action or decision -> the permission it needs
 PERMISSION_OF = {**{name: action.permission for name, action in ACTIONS.items()}, **DECISIONS}
+
+
+# How long a snooze may last: the console's choices (24 h unless another is chosen) and the most
+# any surface accepts. A longer silence is a decision about the workflow (its stuck_after), not a click.
+SNOOZE_CHOICES = ((1, "1 h"), (4, "4 h"), (8, "8 h"), (24, "24 h"), (72, "3 days"), (168, "a week"))
+SNOOZE_DEFAULT_HOURS = 24
+MAX_SNOOZE_HOURS = 168
+
+
+def parse_hours(text: str | None) -> float | None:
+    """A duration in hours as the form or ``recover --hours`` gives it (None when not given);
+    the transition checks its range."""
+    if text is None or not text.strip():
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidTransition(f"give the duration in hours as a number, not {text.strip()[:40]!r}") from None
 
 
 def parse_decision(text: str | None) -> dict[str, Any]:

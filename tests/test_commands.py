@@ -1,6 +1,7 @@
 """docs/operating.md "Commands" commands: names, output shapes, and bad input that changes nothing."""
 
 import json
+from datetime import timedelta
 from io import StringIO
 
 import pytest
@@ -363,3 +364,24 @@ def test_start_workflow_reads_json_lines_in_batches_and_answers_line_by_line(tmp
     assert lines[4] == "created order:t:n2" and lines[5].startswith("invalid line 7: order_id")
     assert len(lines) == 6
     assert set(WorkflowRun.objects.values_list("workflow_id", flat=True)) == {first, "order:t:n1", "order:t:n2"}
+
+
+def test_recover_snooze_alert_takes_how_long_and_refuses_a_bad_duration():
+    from recovery.engine.transitions import alert_raise
+    from recovery.models import Alert, AlertState
+
+    person("sue")
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    run = WorkflowRun.objects.get()
+    alert_raise(run_pk=run.pk, cause="needs_review", revision=run.revision, why="waiting", channels=[])
+    for hours, message in [("0", "at most 168 hours"), ("200", "at most 168 hours"), ("two", "as a number")]:
+        with pytest.raises(CommandError, match=message):
+            run_cmd("recover", "snooze_alert", wid, "--hours", hours, "--reason", "known", "--as", "sue")
+    with pytest.raises(CommandError, match="resume takes no duration"):
+        run_cmd("recover", "resume", wid, "--hours", "2", "--reason", "known", "--as", "sue")
+    assert Alert.objects.get().state == AlertState.FIRING
+    assert not AuditEvent.objects.filter(action="alert_snoozed").exists()
+
+    run_cmd("recover", "snooze_alert", wid, "--hours", "2", "--reason", "ledger down until 8", "--as", "sue")
+    alert, event = Alert.objects.get(), AuditEvent.objects.get(action="alert_snoozed")
+    assert alert.state == AlertState.SNOOZED and alert.snoozed_until - event.at == timedelta(hours=2)

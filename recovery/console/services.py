@@ -14,7 +14,15 @@ from django.db.models import Count
 from django.db.models.functions import TruncHour
 
 from recovery import clock, counts
-from recovery.actions import ACTIONS, BULK_ACTIONS, StepArg, parse_decision
+from recovery.actions import (
+    ACTIONS,
+    BULK_ACTIONS,
+    SNOOZE_CHOICES,
+    SNOOZE_DEFAULT_HOURS,
+    StepArg,
+    parse_decision,
+    parse_hours,
+)
 from recovery.console import selectors
 from recovery.engine import transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
@@ -46,6 +54,7 @@ def apply_action(
     actor: AbstractBaseUser,
     request_id: str | None = None,
     decision: str | None = None,
+    hours: str | None = None,
 ) -> str:
     """Apply one operator action; returns the message to show. On a workflow with four-eyes
     actions, compensate, terminate and "it succeeded" become a request for approval, and
@@ -56,9 +65,13 @@ def apply_action(
         raise InvalidTransition(f"a remote id has at most {REMOTE_REF_MAX_LENGTH} characters")
     if action in ("approve", "reject"):
         return _decide(action, request_id, workflow_id=workflow_id, actor=actor, reason=reason, expect=expect)
-    edited = parse_decision(decision) if ACTIONS.get(action) and ACTIONS[action].decision else None
+    spec = ACTIONS.get(action)
+    edited = parse_decision(decision) if spec and spec.decision else None
+    duration = parse_hours(hours) if spec and spec.duration else None
     try:
-        run = transitions.perform(action, step_name=step, remote_ref=remote_ref, decision=edited, **common)
+        run = transitions.perform(
+            action, step_name=step, remote_ref=remote_ref, decision=edited, hours=duration, **common
+        )
     except ApprovalRequired:
         # The workflow puts it behind four eyes: the same form asks for it instead.
         transitions.approval_request(action=action, step_name=step, remote_ref=remote_ref, **common)
@@ -87,6 +100,7 @@ class Action:
     step: str = ""
     confirm: str = ""  # compensate and terminate ask before they act
     evidence: bool = False  # "it succeeded, remote id X"
+    durations: tuple[tuple[int, str, bool], ...] = ()  # how long it may last (hours, label, chosen): a snooze
 
 
 # Where the console shows each action: the decision tools sit with the model's decision.
@@ -143,7 +157,7 @@ def _button(name: str, step: StepExecution | None, workflow) -> Action:
         "resolve_happened": f"{at}: it succeeded",
         "resolve_absent": f"{at}: it did not happen",
         "terminate": "Terminate",
-        "snooze_alert": "Snooze its alert for 24 h",
+        "snooze_alert": "Snooze its alert",
         "stop_agent": f"Stop the agent {at}",
         "fork_agent": f"Fork {at.rpartition(':')[0]} from turn {at.rpartition(':')[2]}",
     }[name]
@@ -153,7 +167,10 @@ def _button(name: str, step: StepExecution | None, workflow) -> Action:
         "fork_agent": f"Ask the model again from before turn {at.rpartition(':')[2]}? Calls already made stay made "
         "(compensate them explicitly); later calls get a new key version.",
     }.get(name, "")
-    return Action(name, label, at, confirm=confirm, evidence=name == "resolve_happened")
+    durations = (
+        tuple((h, text, h == SNOOZE_DEFAULT_HOURS) for h, text in SNOOZE_CHOICES) if ACTIONS[name].duration else ()
+    )
+    return Action(name, label, at, confirm=confirm, evidence=name == "resolve_happened", durations=durations)
 
 
 def decision_tools(
@@ -178,6 +195,7 @@ def _as_request(action: Action) -> Action:
         action.step,
         confirm=f"{action.confirm or action.label + '?'} A second supervisor must approve it before it runs.",
         evidence=action.evidence,
+        durations=action.durations,
     )
 
 

@@ -262,6 +262,7 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
             expect=request.POST.get("version") or None,
             remote_ref=request.POST.get("remote_ref", ""),
             decision=request.POST.get("decision"),
+            hours=request.POST.get("hours"),
             actor=request.user,
             request_id=request.POST.get("request") or None,
         )

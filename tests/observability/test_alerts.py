@@ -265,3 +265,49 @@ def test_a_run_stuck_for_several_causes_pages_once_for_the_most_specific(clock, 
     (alert,) = Alert.objects.all()
     assert (alert.run_id, alert.cause) == (run.pk, "exhausted")
     assert len(receiver.requests) == 1 and len(mail.outbox) == 1
+
+
+def test_a_supervisor_chooses_how_long_a_snooze_lasts_and_a_bad_duration_changes_nothing(clock, receiver):
+    run = in_review(clock)
+    clock.advance(11 * 60)
+    alerts.sweep()
+    supervisor = login("supervisor")
+    page = supervisor.get(f"/runs/{run.workflow_id}")
+    assert '<option value="24" selected>for 24 h</option>' in page.text  # the default
+    assert '<option value="1">for 1 h</option>' in page.text and '<option value="168">for a week</option>' in page.text
+
+    act = f"/runs/{run.workflow_id}/act"
+    for hours, message in [
+        ("0", "more than 0 and at most 168 hours"),
+        ("-2", "more than 0 and at most 168 hours"),
+        ("168.5", "more than 0 and at most 168 hours"),
+        ("nan", "more than 0 and at most 168 hours"),
+        ("inf", "more than 0 and at most 168 hours"),
+        ("four", "give the duration in hours as a number"),
+    ]:
+        refused = supervisor.post(act, {"action": "snooze_alert", "reason": "maintenance", "hours": hours})
+        assert refused.status_code == 400 and message in refused.text, hours
+    assert Alert.objects.get().state == AlertState.FIRING
+    assert not AuditEvent.objects.filter(action="alert_snoozed").exists()
+    with pytest.raises(InvalidTransition, match="retry takes no duration"):
+        perform("retry", workflow_id=run.workflow_id, step_name="post_entry", actor=person("sam"), reason="x", hours=1)
+
+    assert (
+        supervisor.post(act, {"action": "snooze_alert", "reason": "ledger down until 4", "hours": "4"}).status_code
+        == 302
+    )
+    alert = Alert.objects.get()
+    assert (alert.state, alert.snoozed_until) == (AlertState.SNOOZED, clock.now() + timedelta(hours=4))
+    event = AuditEvent.objects.get(action="alert_snoozed")
+    assert event.after["until"] == (clock.now() + timedelta(hours=4)).isoformat()
+
+    # The run is retried and stuck again (a new episode) while the snooze holds: no new alert until
+    # the chosen four hours have passed.
+    receivers.arm("ledger", "unavailable", times=10)
+    perform("retry", workflow_id=run.workflow_id, step_name="post_entry", actor=person("olga", "operator"), reason="x")
+    assert drive(run, clock).state == RunState.NEEDS_REVIEW
+    clock.advance(11 * 60)
+    assert alerts.sweep()["raised"] == 0
+    clock.advance(4 * 3600)
+    assert alerts.sweep()["raised"] == 1
+    assert Alert.objects.filter(state=AlertState.FIRING).count() == 1

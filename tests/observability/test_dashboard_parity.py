@@ -82,7 +82,7 @@ def test_runs_of_a_workflow_no_longer_registered_have_their_column_and_filter(cl
     page = viewer.get("/dashboard")
     assert page.context["workflows"][-1] == "test_orders_retired"
     assert page.context["unregistered"] == {"test_orders_retired"}
-    assert "test_orders_retired <span class=\"sub\">(not registered)</span>" in page.text
+    assert 'test_orders_retired <span class="sub">(not registered)</span>' in page.text
     column = page.context["workflows"].index("test_orders_retired")
     shown = {row["label"]: row["cells"][column][0] for row in page.context["by_workflow"]}
     retired = {

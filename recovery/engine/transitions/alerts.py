@@ -11,6 +11,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
 from recovery import clock
+from recovery.actions import MAX_SNOOZE_HOURS, SNOOZE_DEFAULT_HOURS
 from recovery.engine import metrics
 from recovery.errors import InvalidTransition
 from recovery.models import Alert, AlertDelivery, AlertState, DeliveryState, WorkflowRun
@@ -22,7 +23,6 @@ from ._core import _audit, _locked_run_by_id, require_reason
 ALERTS = "alerts"  # the actor of the alerts' own audit events
 DELIVERY_ATTEMPTS = 8  # then the delivery is given up (failed): 1, 2, 4 … 64 s apart, about two minutes
 CLAIM_SECONDS = 60.0  # a delivery being sent is not picked up again for this long (a sender that died)
-SNOOZE = timedelta(hours=24)
 
 
 def alert_raise(
@@ -89,13 +89,15 @@ def alert_snooze(
     now: datetime | None = None,
     hours: float | None = None,
 ) -> WorkflowRun:
-    """A supervisor silences the run's firing alerts, with a reason, for ``hours`` (24): what
-    was not sent yet is not sent, and no new alert is raised for the run meanwhile."""
+    """A supervisor silences the run's firing alerts, with a reason, for ``hours`` (24; at most
+    a week): what was not sent yet is not sent, and no new alert is raised for the run meanwhile."""
     reason = require_reason(reason)
     now = now or clock.now()
-    until = now + (timedelta(hours=hours) if hours is not None else SNOOZE)
-    if until <= now:
-        raise InvalidTransition("a snooze must last some time")
+    if hours is None:
+        hours = SNOOZE_DEFAULT_HOURS
+    if not 0 < hours <= MAX_SNOOZE_HOURS:  # also refuses nan and inf
+        raise InvalidTransition(f"a snooze lasts more than 0 and at most {MAX_SNOOZE_HOURS} hours (a week)")
+    until = now + timedelta(hours=hours)
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
         offers.require("snooze_alert", run, now, actor=actor)

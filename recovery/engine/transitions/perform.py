@@ -29,6 +29,7 @@ def perform(
     expect: str | None = None,
     now: datetime | None = None,
     approval: ApprovalRequest | None = None,
+    hours: float | None = None,
 ) -> WorkflowRun:
     """Perform ``action`` through its transition, which checks the run's state, the reason,
     the page's version (``expect``) and the four-eyes rule. A person's role is checked here
@@ -56,6 +57,10 @@ def perform(
         if decision is None:
             raise InvalidTransition(f"{action} needs the new decision (JSON)")
         arguments["decision"] = decision
+    if spec.duration:
+        arguments["hours"] = hours
+    elif hours is not None:
+        raise InvalidTransition(f"{action} takes no duration")
     if approval is not None:
         arguments["approval"] = approval
     run = transition(**arguments)

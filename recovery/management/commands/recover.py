@@ -3,7 +3,15 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
-from recovery.actions import ACTIONS, DECISIONS, StepArg, parse_decision
+from recovery.actions import (
+    ACTIONS,
+    DECISIONS,
+    MAX_SNOOZE_HOURS,
+    SNOOZE_DEFAULT_HOURS,
+    StepArg,
+    parse_decision,
+    parse_hours,
+)
 from recovery.engine import transitions
 from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
@@ -34,6 +42,10 @@ class Command(RecoveryCommand):
         decision = parser.add_mutually_exclusive_group()
         decision.add_argument("--decision", help="supersede: the new decision, a JSON object")
         decision.add_argument("--decision-file", help="supersede: a file holding the new decision (JSON); - for stdin")
+        parser.add_argument(
+            "--hours",
+            help=f"snooze_alert: how long, in hours ({SNOOZE_DEFAULT_HOURS} if not given; at most {MAX_SNOOZE_HOURS})",
+        )
         parser.add_argument("--request", help="approve, reject: the request's id (manage.py approval list)")
         parser.add_argument("--reason", required=True)
         parser.add_argument("--as", dest="username", required=True, help="the operator's username")
@@ -47,6 +59,7 @@ class Command(RecoveryCommand):
         remote_ref,
         decision,
         decision_file,
+        hours,
         request,
         reason,
         username,
@@ -67,6 +80,7 @@ class Command(RecoveryCommand):
                 step_name=step,
                 remote_ref=remote_ref,
                 decision=edited,
+                hours=parse_hours(hours),
                 actor=user,
                 reason=reason,
             )
