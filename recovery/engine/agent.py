@@ -66,8 +66,17 @@ def turns(rows: list[StepExecution]) -> list[StepExecution]:
 
 
 def invalid_calls(rows: list[StepExecution]) -> int:
-    """Calls answered to the model as errors because of their arguments or tool name."""
-    return sum(1 for row in rows if row.state == StepState.SKIPPED and row.last_error.startswith(ARGUMENTS_INVALID))
+    """Calls answered to the model as errors because of their arguments or tool name, in the
+    turns still in the conversation: those of the turns a fork left out no longer count, as the
+    turns themselves no longer count against ``max_turns``."""
+    left_out = {parse_journal_name(row.step_name).turn for row in turns(rows) if row.state == StepState.SKIPPED}
+    return sum(
+        1
+        for row in rows
+        if row.state == StepState.SKIPPED
+        and row.last_error.startswith(ARGUMENTS_INVALID)
+        and parse_journal_name(row.step_name).turn not in left_out
+    )
 
 
 def waiting(rows: list[StepExecution]) -> StepExecution | None:

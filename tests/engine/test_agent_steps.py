@@ -359,6 +359,42 @@ def test_a_fork_from_a_turn_asks_the_model_again_from_there_with_a_new_key_versi
     assert fork.actor == "sue" and fork.reason == "ask again"
 
 
+def stuck_on_invalid_calls(clock):
+    """Turn 1 asks for two calls with invalid arguments (the budget, 2), turn 2 for a third: review."""
+    receivers.AGENT_SCRIPT.extend(
+        [receivers.tool_calls(("credit", {}), ("credit", {"amount": -1})), receivers.tool_calls(("credit", {}))]
+    )
+    run = drive(start(), clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    assert "3 tool call(s) with invalid arguments (budget 2)" in run.status_reason
+    assert receivers.counts()["model_call"] == 2
+    return run
+
+
+def test_invalid_calls_of_the_turns_a_fork_left_out_no_longer_count_against_the_budget(clock):
+    """As the turns a fork leaves out no longer count against max_turns, their calls with invalid
+    arguments no longer count against argument_errors: the model is asked again, not the run
+    sent straight back to review."""
+    run = stuck_on_invalid_calls(clock)
+    transitions.agent_fork(workflow_id=run.workflow_id, step_name="resolve:2", actor=person("sue"), reason="again")
+    run = drive(run, clock)
+
+    assert run.state == RunState.COMPLETED, run.status_reason
+    assert run.steps.get(step_name="resolve:2:0:credit").state == StepState.SKIPPED  # left out, never made
+    assert receivers.counts() == {"task": 0, "message": 1, "ledger": 1, "model_call": 5}  # asked 3 more times
+
+
+def test_invalid_calls_of_the_turns_a_fork_kept_still_count(clock):
+    run = stuck_on_invalid_calls(clock)
+    transitions.agent_fork(workflow_id=run.workflow_id, step_name="resolve:2", actor=person("sue"), reason="again")
+    receivers.AGENT_SCRIPT.append(receivers.tool_calls(("credit", {"invoice": 7})))  # turn 3: one more
+    run = drive(run, clock)
+
+    assert run.state == RunState.NEEDS_REVIEW
+    assert "3 tool call(s) with invalid arguments (budget 2)" in run.status_reason  # turn 1's two and turn 3's
+    assert receivers.counts() == {"task": 0, "message": 0, "ledger": 0, "model_call": 3}
+
+
 def test_a_fork_keeps_the_effects_already_made_until_they_are_compensated_explicitly(clock):
     receivers.arm("message", "unavailable")
     run = start()
