@@ -287,13 +287,16 @@ def uncounted() -> dict[str, list[dict[str, Any]]]:
 
 def workflow_names() -> list[str]:
     """The registered workflows, then those only old runs still name (``counts.workflow_names``)."""
-    return counts.workflow_names(sorted(registered_names()))
-
-
-def registered_names() -> set[str]:
     from recovery.workflow import all_workflows
 
-    return {wf.name for wf in all_workflows()}
+    return counts.workflow_names([wf.name for wf in all_workflows()])
+
+
+def unregistered(workflows: list[str]) -> set[str]:
+    """Those of ``workflows`` no longer registered: the console marks them "(not registered)"."""
+    from recovery.workflow import all_workflows
+
+    return set(workflows) - {wf.name for wf in all_workflows()}
 
 
 # --- one run ---------------------------------------------------------------------------

@@ -360,7 +360,7 @@ def dashboard(*, now: datetime) -> dict[str, Any]:
         "retries": _columns([(h, retries[h]) for h in hours]),
         "unknown": _columns([(h, unknown[h]) for h in hours]),
         "workflows": workflows,
-        "unregistered": set(workflows) - selectors.registered_names(),
+        "unregistered": selectors.unregistered(workflows),
         "by_workflow": [{"label": label, "cells": cells} for _, label, cells in states + stuck],
         "engine": _engine_counters(workflows),
         "oldest_undelivered": round(counts.oldest_undelivered(now)),
