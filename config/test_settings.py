@@ -14,7 +14,7 @@ from .settings import (  # noqa: E402
 )
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.support"]
-RECOVERY_WORKFLOW_MODULES = [*RECOVERY_WORKFLOW_MODULES, "tests.support.workflows"]
+RECOVERY_WORKFLOW_MODULES = [*RECOVERY_WORKFLOW_MODULES, "tests.support.workflows", "tests.support.versioned"]
 # The engine's test workflows act on their decisions unguarded on purpose (test_policy is the
 # guarded one): their warning would print on every command the tests run.
 SILENCED_SYSTEM_CHECKS = [*SILENCED_SYSTEM_CHECKS, "recovery.W001"]

@@ -13,6 +13,7 @@ from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connections
 from django.db.models import BooleanField, F, Func, Min, Q, QuerySet
 
+from recovery import registry
 from recovery.errors import ErrorKind
 from recovery.models import (
     ApprovalRequest,
@@ -26,6 +27,9 @@ from recovery.models import (
 )
 
 COUNT_CAP = 10_000  # counts above this read "10,000+": no full COUNT(*) over a big table per request
+
+# The states of a run that an executor would take forward by itself.
+IN_FLIGHT = [RunState.PENDING, RunState.WAITING, RunState.RUNNING, RunState.COMPENSATING]
 
 
 def runs_among(run_ids: QuerySet) -> Q:
@@ -89,6 +93,9 @@ def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
             "Waiting for approval",
             runs_among(ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
         ),
+        # A run that would go on, but whose (name, version) this deployment lacks: no executor here
+        # claims it (recovery.registry). It waits in its state for its version, or to be moved.
+        "version_not_deployed": ("Version not deployed", Q(state__in=IN_FLIGHT) & ~registry.deployed_filter()),
     }
 
 

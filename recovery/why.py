@@ -10,7 +10,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from recovery import registry
 from recovery.actions import ACTIONS
+from recovery.counts import IN_FLIGHT
 from recovery.engine.transitions import AGENT_STOPPED, TERMINAL_RUN_STATES, UNDONE_STEP_STATES, lease_is_live
 from recovery.errors import ErrorKind
 from recovery.models import (
@@ -23,7 +25,7 @@ from recovery.models import (
     StepState,
     WorkflowRun,
 )
-from recovery.workflow import all_workflows, get_workflow
+from recovery.workflow import all_workflows, workflow_of
 
 
 def _at(when: datetime | None) -> str:
@@ -38,7 +40,7 @@ def _error(step: StepExecution, limit: int = 120) -> str:
 def _attempt_of(run: WorkflowRun, step: StepExecution) -> str:
     """ "attempt 3 of 6": the next attempt within the step's current budget."""
     try:
-        maximum = get_workflow(run.workflow_name).get_step(step.step_name).retry.maximum_attempts
+        maximum = workflow_of(run).get_step(step.step_name).retry.maximum_attempts
     except LookupError:
         return f"attempt {step.attempts + 1}"
     return f"attempt {step.attempts - step.budget_start_attempt + 1} of {maximum}"
@@ -68,10 +70,12 @@ def why_not_moving(
         return f"compensated: {run.status_reason}" if run.status_reason else "compensated"
     if state == RunState.TERMINATED:
         return f"terminated: {run.status_reason}"
+    if state == RunState.RUNNING and lease_is_live(run, now):
+        doing = f", running {run.current_step}" if run.current_step else ""
+        return f"held by executor {run.lease_owner} until {_at(run.lease_expires_at)} (lease){doing}"
+    if state in IN_FLIGHT and not registry.has(run.workflow_name, run.workflow_version):
+        return version_not_deployed(run)
     if state == RunState.RUNNING:
-        if lease_is_live(run, now):
-            doing = f", running {run.current_step}" if run.current_step else ""
-            return f"held by executor {run.lease_owner} until {_at(run.lease_expires_at)} (lease){doing}"
         return (
             f"the lease of {run.lease_owner or 'its executor'} expired at {_at(run.lease_expires_at)}: "
             "waiting for another executor to take the run over"
@@ -108,6 +112,15 @@ def why_not_moving(
     if state == RunState.FAILED:
         return _failed(run, steps)
     return run.status_reason or state
+
+
+def version_not_deployed(run: WorkflowRun) -> str:
+    """Why a run whose version this deployment lacks does not move, and the two ways out."""
+    started = f"started under {run.workflow_name} v{run.workflow_version}"
+    if registry.current_version(run.workflow_name) is None:
+        return f"{started}; this deployment has no {run.workflow_name} workflow: deploy it again, or terminate the run"
+    has = registry.versions_text(run.workflow_name)
+    return f"{started}; this deployment has {has}: deploy v{run.workflow_version} again, or move the run"
 
 
 def _waiting(run: WorkflowRun, steps: list[StepExecution], outbox: Iterable[OutboxMessage], now: datetime) -> str:
@@ -159,7 +172,7 @@ def _failed(run: WorkflowRun, steps: list[StepExecution]) -> str:
     failed = next((s for s in steps if s.state == StepState.FAILED), None)
     where = f"failed at {failed.step_name} ({_error(failed)})" if failed else f"failed: {run.status_reason}"
     try:
-        workflow = get_workflow(run.workflow_name)
+        workflow = workflow_of(run)
         made = [s.step_name for s in steps if s.state == StepState.SUCCEEDED and workflow.writes(s.step_name)]
     except LookupError:
         made = []

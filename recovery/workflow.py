@@ -43,6 +43,15 @@ from django.db import models
 from recovery import redaction
 from recovery.actions import FOUR_EYES_ACTIONS
 from recovery.errors import PolicyRefusal as PolicyRefusal  # re-exported: a guard raises it
+from recovery.registry import (  # noqa: F401  (re-exported: the registry, as authors and the engine knew it)
+    _REGISTRY,
+    VersionNotDeployed,
+    all_versions,
+    all_workflows,
+    get_workflow,
+    register,
+    workflow_of,
+)
 from recovery.retries import DEFAULT_POLICY, RetryPolicy
 
 
@@ -492,6 +501,34 @@ class Workflow:
 
         return register
 
+    def derive(self, *, version: int, without: Iterable[str] = ()) -> Workflow:
+        """Another version of this workflow, registered beside it: the same settings, guards and
+        tools, and the same steps but ``without`` those named — how a module keeps its previous
+        definition until its runs have drained when the new version added steps
+        (``invoice_v1 = invoice.derive(version=1, without=["check_duplicate"])``). Runs started
+        on it execute these steps, in this order, to the end. A step whose business action
+        changed needs a new key version in the new definition, not a shared one."""
+        dropped = set(without)
+        unknown = sorted(dropped - {s.name for s in self.steps})
+        if unknown:
+            raise ValueError(f"{self.name} v{self.version} has no step {', '.join(unknown)} to leave out")
+        other = Workflow(
+            self.name,
+            version=version,
+            workflow_id=self._workflow_id,
+            input_schema=self.input_schema,
+            description=self.description,
+            compensation=self.compensation,
+            redact_fields=self.redact_fields,
+            four_eyes=self.four_eyes,
+            stuck_after=self.stuck_after or None,
+        )
+        kept = [s for s in self.steps if s.name not in dropped]
+        other.steps = [replace(s, position=i, guards=list(s.guards)) for i, s in enumerate(kept)]
+        other.tools = dict(self.tools)
+        other.guards = list(self.guards)
+        return other
+
     def overdue_after(self, cause: str) -> timedelta | None:
         """How long a run may be stuck for ``cause`` before it raises an alert (None: never)."""
         return self.stuck_after.get(cause, self.stuck_after.get("any"))
@@ -800,25 +837,3 @@ class Workflow:
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name} v{self.version}>"
-
-
-_REGISTRY: dict[str, Workflow] = {}
-
-
-def register(workflow: Workflow) -> None:
-    existing = _REGISTRY.get(workflow.name)
-    if existing is not None and existing is not workflow:
-        raise ValueError(f"a workflow named {workflow.name!r} is already registered")
-    _REGISTRY[workflow.name] = workflow
-
-
-def get_workflow(name: str) -> Workflow:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise LookupError(f"unknown workflow {name!r} (registered: {known})") from None
-
-
-def all_workflows() -> list[Workflow]:
-    return [_REGISTRY[name] for name in sorted(_REGISTRY)]

@@ -1,7 +1,7 @@
 """The event ingestion API: another system delivers a business event and the engine starts
 its run, or finds the run that event already started.
 
-    POST /api/events/<workflow_name>
+    POST /api/events/<workflow_name>[?version=N]
     Authorization: Bearer rc_…
     {"tenant": "acme", "invoice_id": "INV-1001", "text": "…"}
 
@@ -17,11 +17,14 @@ A batch is a JSON array of up to MAX_BATCH events, started together
 
 each item with the status that event alone would have had; a refused event refuses nothing else.
 
+``?version=N`` starts the run on a registered older version of the workflow (a canary, a test)
+instead of the current one; it stays outside the body, which is the event's own.
+
 Senders deliver at least once; that is safe because the workflow id comes from the event.
 Errors are ``{"error": …}`` (plus ``"fields"`` for validation) and write nothing: 401 no or
 an unknown or revoked token, 404 unknown workflow, 403 a token for another workflow, 400 a
-body that is not a JSON object or does not validate, 413 a body over 256 KiB, 409 the same
-workflow id with a different input, 405 any method but POST. Token auth, no cookies: no CSRF.
+body that is not a JSON object or does not validate (or a version not registered), 413 a body
+over 256 KiB, 409 the same workflow id with a different input, 405 any method but POST. Token auth, no cookies: no CSRF.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def events(request: HttpRequest, workflow_name: str) -> JsonResponse:
         workflow = _workflow(workflow_name)
         if not tokens.may_start(token, workflow.name):
             raise ApiError(403, f"this token may not start {workflow.name!r} runs")
+        workflow = _version(workflow, request.GET.get("version"))
         data = _json_body(request)
         if isinstance(data, list):
             return _start_many(workflow, data, actor=f"api:{token.name}")
@@ -96,7 +100,8 @@ def events(request: HttpRequest, workflow_name: str) -> JsonResponse:
         return ApiError(503, unavailable, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}).response()
     log.info("event for %s from token %r: %s (%s)", workflow.name, token.name, run.workflow_id, created)
     return JsonResponse(
-        {"workflow_id": run.workflow_id, "state": run.state, "created": created}, status=201 if created else 200
+        {"workflow_id": run.workflow_id, "version": run.workflow_version, "state": run.state, "created": created},
+        status=201 if created else 200,
     )
 
 
@@ -119,6 +124,18 @@ def _workflow(name: str) -> Workflow:
         return get_workflow(name)
     except LookupError:
         raise ApiError(404, f"unknown workflow {name!r}") from None
+
+
+def _version(workflow: Workflow, version: str | None) -> Workflow:
+    """The version to start: the current one, or the registered one ``?version=N`` names."""
+    if version is None:
+        return workflow
+    if not version.isascii() or not version.isdigit() or len(version) > 9:
+        raise ApiError(400, f"version must be a whole number, not {version[:20]!r}")
+    try:
+        return get_workflow(workflow.name, int(version))
+    except LookupError as exc:
+        raise ApiError(400, str(exc)) from None
 
 
 def _json_body(request: HttpRequest) -> dict[str, Any] | list[Any]:

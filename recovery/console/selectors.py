@@ -254,6 +254,7 @@ RUN_LIST_FIELDS = (
     "pk",
     "workflow_id",
     "workflow_name",
+    "workflow_version",
     "state",
     "current_step",
     "status_reason",
@@ -333,12 +334,12 @@ TIMELINE_ACTIONS = {
 
 def run_detail(workflow_id: str) -> dict[str, Any]:
     """Everything the run page shows, in a constant number of queries."""
-    from recovery.workflow import get_workflow
+    from recovery.workflow import workflow_of
 
     run = WorkflowRun.objects.get(workflow_id=workflow_id)
     steps = list(run.steps.order_by("position", "id"))
     try:
-        workflow = get_workflow(run.workflow_name)
+        workflow = workflow_of(run)
         contract = workflow.contract()
     except LookupError:
         workflow, contract = None, []

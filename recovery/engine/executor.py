@@ -57,11 +57,11 @@ from recovery.workflow import (
     StepSpec,
     Workflow,
     compensation_key,
-    get_workflow,
     is_journal_name,
     journal_rows,
     parse_journal_name,
     payload_hash,
+    workflow_of,
 )
 
 log = logging.getLogger("recovery.executor")
@@ -188,16 +188,11 @@ def _load(lease: Lease) -> _Plan | None:
         return None
     run, steps = loaded
     try:
-        workflow = get_workflow(run.workflow_name)
+        workflow = workflow_of(run)
     except LookupError as exc:
-        transitions.run_review(lease=lease, reason=str(exc))
-        return None
-    if workflow.version != run.workflow_version:
-        # Its checkpoints were written by another definition: an operator decides.
-        transitions.run_review(
-            lease=lease,
-            reason=f"run started under {workflow.name} v{run.workflow_version}; v{workflow.version} is deployed",
-        )
+        # The claim takes only runs whose version this process has: this is a registry changed
+        # since. Not the run's fault, so no review: let go; a process that has the version takes it.
+        transitions.run_wait(lease=lease, wake_at=clock.now(), reason=f"{exc}: left for a process that has it")
         return None
     return _Plan(run=run, workflow=workflow, steps=steps)
 

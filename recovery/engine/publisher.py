@@ -9,12 +9,12 @@ from datetime import datetime
 
 from django.db import InterfaceError, OperationalError
 
-from recovery import clock
+from recovery import clock, registry
 from recovery.engine import failpoints, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke, working_on
 from recovery.errors import LeaseLost
 from recovery.models import OutboxMessage, StepExecution, StepState
-from recovery.workflow import StepContext, StepSpec, get_workflow
+from recovery.workflow import StepContext, StepSpec, workflow_of
 
 log = logging.getLogger("recovery.executor")
 
@@ -50,7 +50,7 @@ def _deliver(claim: transitions.OutboxClaim) -> None:
 
 
 def _deliver_bound(claim: transitions.OutboxClaim, message: OutboxMessage, run) -> None:
-    spec = get_workflow(run.workflow_name).get_step(message.step_name)
+    spec = workflow_of(run).get_step(message.step_name)
     results = dict(StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED).values_list("step_name", "result"))
     ctx = StepContext(
         workflow_id=run.workflow_id,
@@ -109,7 +109,8 @@ def _outbox_state(pk: int) -> str | None:
 
 def due_outbox_ids(*, now: datetime | None = None, limit: int = 100) -> list[int]:
     now = now or clock.now()
-    qs = OutboxMessage.objects.filter(transitions.outbox_due(now)).order_by("next_attempt_at", "pk")
+    qs = OutboxMessage.objects.filter(transitions.outbox_due(now), registry.deployed_filter(prefix="run__"))
+    qs = qs.order_by("next_attempt_at", "pk")
     return list(qs.values_list("pk", flat=True)[:limit])
 
 

@@ -65,11 +65,21 @@ def test_an_event_starts_one_run_and_its_redelivery_answers_with_the_same_run(to
     client = Client(enforce_csrf_checks=True)  # token auth, no cookies: CSRF does not apply
     first = post(EVENT, token=token, client=client)
     assert first.status_code == 201
-    assert first.json() == {"workflow_id": "invoice:tenant-42:inv-1847", "state": "pending", "created": True}
+    assert first.json() == {
+        "workflow_id": "invoice:tenant-42:inv-1847",
+        "version": 1,
+        "state": "pending",
+        "created": True,
+    }
 
     again = post(EVENT, token=token, client=client)
     assert again.status_code == 200
-    assert again.json() == {"workflow_id": "invoice:tenant-42:inv-1847", "state": "pending", "created": False}
+    assert again.json() == {
+        "workflow_id": "invoice:tenant-42:inv-1847",
+        "version": 1,
+        "state": "pending",
+        "created": False,
+    }
 
     run = WorkflowRun.objects.get()
     assert run.input["vendor"] == "ACME Office Supply"  # extra fields of the event are kept

@@ -272,9 +272,13 @@ def test_a_bug_in_a_step_result_goes_to_review_with_the_error(clock, monkeypatch
     assert receivers.counts()["model_call"] == 0
 
 
-def test_a_run_started_under_another_workflow_version_goes_to_review(clock):
+def test_a_run_started_under_a_version_this_deployment_lacks_waits_unclaimed_not_in_review(clock):
+    """A deploy is not the run's fault: no executor here claims it, nothing is sent, and it does
+    not go to an operator (tests/engine/test_versions.py has the whole story)."""
     run = start()
     WorkflowRun.objects.filter(pk=run.pk).update(workflow_version=99)
-    run = drive(run, clock)
-    assert run.state == RunState.NEEDS_REVIEW and "v99" in run.status_reason
+    advance(run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.PENDING and run.lease_owner == ""
+    assert not AuditEvent.objects.filter(run=run).exclude(action="start").exists()
     assert receivers.counts() == {"task": 0, "message": 0, "ledger": 0, "model_call": 0}

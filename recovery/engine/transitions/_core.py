@@ -22,7 +22,7 @@ from recovery.engine import observed, storage
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, StepError
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
-from recovery.workflow import get_workflow
+from recovery.workflow import get_workflow, workflow_of
 
 from .tables import EXECUTOR, LEASED_RUN_STATES
 
@@ -69,9 +69,12 @@ def _redacted(run: WorkflowRun, value: Any) -> Any:
     step, a remote system, an exception or an operator goes through this or ``redact_text``
     — before any truncation, so that no cut leaves half a secret behind."""
     try:
-        fields = get_workflow(run.workflow_name).redact_fields
-    except LookupError:
-        fields = ()
+        fields = workflow_of(run).redact_fields
+    except LookupError:  # a version not deployed here: the current one's (a version that goes keeps them)
+        try:
+            fields = get_workflow(run.workflow_name).redact_fields
+        except LookupError:
+            fields = ()
     return redaction.redact(value, fields=fields)
 
 

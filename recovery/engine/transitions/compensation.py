@@ -13,7 +13,7 @@ from recovery.engine import dispatch
 from recovery.errors import ErrorKind, StepError, TransientError
 from recovery.models import ApprovalRequest, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
-from recovery.workflow import Outcome, StepSpec, get_workflow
+from recovery.workflow import Outcome, StepSpec, workflow_of
 
 from . import offers
 from ._core import (
@@ -56,7 +56,7 @@ def _start_compensation(
     """Mark what will be compensated and hand the run to the executor, which undoes each
     marked step in reverse order. Steps that never ran are skipped (whole-run only)."""
     targets = _compensation_targets(run, step_name)
-    if actor is not None and (refused := offers.who_refusal(get_workflow(run.workflow_name), targets, actor)):
+    if actor is not None and (refused := offers.who_refusal(workflow_of(run), targets, actor)):
         raise refused
     before = _snap(run)
     _check(RUN_TRANSITIONS, "compensate", run.state, "run")
@@ -199,7 +199,7 @@ def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunSt
         run = _locked_run(lease)
         before = _snap(run)
         _check(RUN_TRANSITIONS, "compensation_done", run.state, "run")
-        workflow = get_workflow(run.workflow_name)
+        workflow = workflow_of(run)
         states = dict(StepExecution.objects.filter(run=run).values_list("step_name", "state"))
         compensable = {name for name in states if workflow.compensates(name)}
         left = [name for name, state in states.items() if name in compensable and state == StepState.SUCCEEDED]

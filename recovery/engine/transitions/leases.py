@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
 
-from recovery import clock
+from recovery import clock, registry
 from recovery.engine import metrics, storage
 from recovery.models import OutboxMessage, RunState, StepExecution, SweeperBeat, WorkflowRun
 
@@ -136,7 +136,7 @@ def _claim_one(owner: str | None, now: datetime, run_pk: int | None = None) -> L
 
 def _claim_in_one_statement(owner: str, now: datetime, run_pk: int | None) -> Lease | None:
     """PostgreSQL: the claim in one round trip (storage.claim)."""
-    sql, params = _pick_sql(connection.vendor, run_pk is not None, _PICKED)
+    sql, params = _pick_sql(connection.vendor, run_pk is not None, registry.deployed(), _PICKED)
     pick = _pick_params(params, now, run_pk, owner)
     claimed = storage.claim(sql, pick, _claim_moves(), owner, now + lease_duration(), now)
     if claimed is None:
@@ -154,7 +154,7 @@ _PICKED = ("id", "state", "lease_owner", "next_wake_at", "lease_expires_at", "up
 def _claim_in_transaction(owner: str, now: datetime, run_pk: int | None) -> Lease | None:
     """Any database: pick, check, save and audit in one transaction."""
     with transaction.atomic():
-        sql, params = _pick_sql(connection.vendor, run_pk is not None)
+        sql, params = _pick_sql(connection.vendor, run_pk is not None, registry.deployed())
         run = next(iter(WorkflowRun.objects.raw(sql, _pick_params(params, now, run_pk, owner))), None)
         return _claim(run, owner, now)
 
@@ -164,10 +164,14 @@ _SENTINEL_OWNER = "\x00the claiming executor"
 
 
 @cache
-def _pick_sql(vendor: str, one_run: bool, columns: tuple[str, ...] = ()) -> tuple[str, tuple[Any, ...]]:
-    """The SQL of ``claimable()`` (locked, oldest first, one row), compiled once with a
-    placeholder time: compiling that Q costs an executor more than running the query."""
-    qs = WorkflowRun.objects.filter(claimable(_SENTINEL_TIME, _SENTINEL_OWNER))
+def _pick_sql(
+    vendor: str, one_run: bool, deployed: tuple[tuple[str, tuple[int, ...]], ...], columns: tuple[str, ...] = ()
+) -> tuple[str, tuple[Any, ...]]:
+    """The SQL of ``claimable()`` among the runs whose (name, version) this process has
+    (``deployed``: a run of another version waits for a process that has it, in its state),
+    locked, oldest first, one row; compiled once per registry with a placeholder time: compiling
+    that Q costs an executor more than running the query."""
+    qs = WorkflowRun.objects.filter(claimable(_SENTINEL_TIME, _SENTINEL_OWNER), registry.deployed_filter(deployed))
     if one_run:
         qs = qs.filter(pk=-1)
     qs = qs.order_by("pk").select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)

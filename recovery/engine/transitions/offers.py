@@ -17,7 +17,7 @@ from recovery import permissions
 from recovery.actions import ACTIONS, StepArg
 from recovery.errors import InvalidTransition, NotPermitted
 from recovery.models import Alert, AlertState, RunState, StepExecution, StepState, WorkflowRun
-from recovery.workflow import Workflow, get_workflow, journal_rows, parse_journal_name
+from recovery.workflow import Workflow, journal_rows, parse_journal_name, workflow_of
 
 from ._core import _live_lease
 from .tables import RUN_TRANSITIONS, TERMINAL_RUN_STATES
@@ -46,7 +46,7 @@ class Situation:
         cls, run: WorkflowRun, steps: Iterable[StepExecution], now: datetime, *, firing_alert: bool | None = None
     ) -> Situation:
         try:
-            workflow = get_workflow(run.workflow_name)
+            workflow = workflow_of(run)
         except LookupError:
             workflow = None
         return cls(
@@ -98,7 +98,8 @@ def why_not(
         return InvalidTransition(f"run {situation.run.workflow_id} has no step {step_name!r}")
     if step_name and situation.workflow is None:
         return InvalidTransition(
-            f"workflow {situation.run.workflow_name!r} is not deployed: its steps cannot be acted on"
+            f"{situation.run.workflow_name} v{situation.run.workflow_version} is not deployed: its steps cannot be "
+            "acted on (deploy it again, or move the run to a version this deployment has)"
         )
     rule = _RULES[action] if action in _RULES else _RULES[spec.transition]
     message = rule(situation, step_name, actor)
@@ -208,7 +209,7 @@ def _compensate(s: Situation, step_name: str | None, actor) -> str | InvalidTran
     if s.run.state not in RUN_TRANSITIONS["compensate"][0]:
         return f"cannot compensate a run that is {s.run.state}"
     if s.workflow is None:
-        return f"workflow {s.run.workflow_name!r} is not deployed: its compensations are unknown"
+        return f"{s.run.workflow_name} v{s.run.workflow_version} is not deployed: its compensations are unknown"
     try:
         targets = compensation_targets(s, step_name)
     except InvalidTransition as exc:

@@ -28,7 +28,7 @@ from recovery.models import (
     WorkflowRun,
 )
 from recovery.redaction import redact_text
-from recovery.workflow import StepSpec, get_workflow
+from recovery.workflow import StepSpec, workflow_of
 
 from . import offers
 from ._core import (
@@ -328,7 +328,7 @@ def decision_supersede(
         )
         if old is None:
             raise InvalidTransition(f"step {step_name} has no accepted decision")
-        spec = get_workflow(run.workflow_name).get_step(step_name)
+        spec = workflow_of(run).get_step(step_name)
         accepted = None if decision is None else _redacted(run, _validated(spec, decision))
         step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
         later = list(StepExecution.objects.select_for_update().filter(run=run, position__gt=step.position))
@@ -455,7 +455,7 @@ LABELS = {name: ACTIONS[name].label for name in FOUR_EYES_ACTIONS}
 def needs_approval(run: WorkflowRun, action: str) -> bool:
     """Whether the run's workflow puts ``action`` behind a second supervisor (``four_eyes``)."""
     try:
-        return action in get_workflow(run.workflow_name).four_eyes
+        return action in workflow_of(run).four_eyes
     except LookupError:
         return False
 

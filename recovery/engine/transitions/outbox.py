@@ -10,7 +10,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Q
 
-from recovery import clock
+from recovery import clock, registry
 from recovery.engine import dispatch
 from recovery.errors import ErrorKind, LeaseLost, StepError, TransientError
 from recovery.models import OutboxMessage, OutboxState, RunState, StepExecution, WorkflowRun
@@ -108,7 +108,9 @@ def outbox_claim(*, pk: int, owner: str | None = None, now: datetime | None = No
     now = now or clock.now()
     with transaction.atomic():
         owner = owner or default_owner()
-        message = locked_rows(OutboxMessage.objects.filter(outbox_due(now, owner), pk=pk)).first()
+        # Only a message of a run whose version this process has: its step is the one to deliver it.
+        mine = registry.deployed_filter(prefix="run__")
+        message = locked_rows(OutboxMessage.objects.filter(outbox_due(now, owner), mine, pk=pk)).first()
         if message is None:
             return None
         _settle_from_lost_publisher(message)

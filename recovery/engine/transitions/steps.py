@@ -13,7 +13,7 @@ from django.db.models import Max
 from recovery.errors import ErrorKind, StepError
 from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState
 from recovery.redaction import redact_text
-from recovery.workflow import Outcome, Reconcile, StepSpec, get_workflow
+from recovery.workflow import Outcome, Reconcile, StepSpec, workflow_of
 
 from ._core import (
     RUN_LEASE_FIELDS,
@@ -200,7 +200,7 @@ def step_fail(
 def _effects_stand(run) -> bool:
     """Whether a completed step of the run wrote elsewhere (by its workflow's declaration)."""
     try:
-        workflow = get_workflow(run.workflow_name)
+        workflow = workflow_of(run)
     except LookupError:
         return False
     made = StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED).values_list("step_name", flat=True)

@@ -16,16 +16,26 @@ class Command(RecoveryCommand):
         "with --input-file, one event per line (JSON Lines), started in batches."
     )
 
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        # --version is the workflow's version here, not Django's (which ``manage.py version`` prints).
+        return super().create_parser(prog_name, subcommand, conflict_handler="resolve", **kwargs)
+
     def add_arguments(self, parser):
         parser.add_argument("name")
         source = parser.add_mutually_exclusive_group(required=True)
         source.add_argument("--input", help="the event as a JSON object")
         source.add_argument("--input-file", help="a JSON Lines file of events, one per line; - for stdin")
         parser.add_argument("--batch", type=int, default=100, help="events started together (100; 1 to 1000)")
+        parser.add_argument(
+            "--version",
+            type=int,
+            help="start on this registered version instead of the current one (a canary, a test); the run "
+            "executes on it to the end",
+        )
 
-    def handle(self, *args, name, input, input_file, batch, **options):
+    def handle(self, *args, name, input, input_file, batch, version, **options):
         try:
-            workflow = get_workflow(name)
+            workflow = get_workflow(name, version)
         except LookupError as exc:
             raise CommandError(str(exc)) from None
         if input_file is not None:

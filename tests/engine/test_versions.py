@@ -1,0 +1,177 @@
+"""Versions side by side (issue 32): a deploy never parks a run. Each run executes, to the end, on
+the definition of the version it started on; an executor claims only runs whose version it has;
+a run whose version no process has waits in its state, stuck for "version not deployed", and
+goes on once its version is deployed again."""
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import Client
+
+from recovery import counts, registry, testing
+from recovery.api.tokens import issue_token
+from recovery.engine.executor import advance, run_due
+from recovery.engine.publisher import publish_due
+from recovery.engine.transitions import run_start
+from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
+from recovery.why import why_not_moving
+from recovery.workflow import VersionNotDeployed, get_workflow
+from tests.support import receivers
+from tests.support.engine import assert_invariants
+from tests.support.versioned import versioned_v1
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EVENT = {"tenant": "t1", "order_id": "dep-1"}
+
+
+@pytest.fixture
+def undeploy(monkeypatch):
+    """Take one version of a workflow out of this process's registry (as a deploy without its
+    module would), for the test."""
+
+    def remove(name: str, version: int) -> None:
+        versions = dict(registry._REGISTRY[name])
+        del versions[version]
+        monkeypatch.setitem(registry._REGISTRY, name, versions)
+
+    return remove
+
+
+def start(version: int | None = None, **event):
+    run, _ = run_start(workflow=get_workflow("test_versioned", version), data={**EVENT, **event})
+    return run
+
+
+def settle(run, clock, rounds: int = 12) -> WorkflowRun:
+    """Advance the run as an executor loop would, the clock moved to each wake-up time."""
+    return testing.drive(run, clock, max_rounds=rounds, owner="test-executor")
+
+
+def steps_of(run) -> list[tuple[str, str]]:
+    return [(s.step_name, s.state) for s in run.steps.order_by("position")]
+
+
+def stuck(now) -> dict[str, int]:
+    return {c["cause"]: c["count"] for c in counts.stuck_counts(now=now)}
+
+
+def test_the_registry_holds_versions_side_by_side_and_new_runs_start_on_the_current_one():
+    assert registry.versions_of("test_versioned") == [1, 2]
+    assert get_workflow("test_versioned").version == 2
+    assert [s.name for s in get_workflow("test_versioned", 1).steps] == ["read", "create_task", "post_entry"]
+    assert [s.position for s in get_workflow("test_versioned", 1).steps] == [0, 1, 2]
+    with pytest.raises(VersionNotDeployed, match="test_versioned v7 is not deployed here .*v1 and v2"):
+        get_workflow("test_versioned", 7)
+    assert start().workflow_version == 2
+    assert start(1, order_id="dep-2").workflow_version == 1
+
+
+def test_a_workflow_cannot_register_one_version_twice_or_leave_out_a_step_it_lacks():
+    with pytest.raises(ValueError, match="workflow .test_versioned. v1 is already registered"):
+        get_workflow("test_versioned").derive(version=1)
+    with pytest.raises(ValueError, match="has no step nope to leave out"):
+        get_workflow("test_versioned").derive(version=3, without=["nope"])
+    assert registry.versions_of("test_versioned") == [1, 2]
+
+
+def test_a_run_executes_to_the_end_on_the_version_it_started_on(clock):
+    old, new = start(1), start(order_id="dep-2")
+    old, new = settle(old, clock), settle(new, clock)
+    assert old.state == new.state == RunState.COMPLETED
+    assert steps_of(old) == [("read", "succeeded"), ("create_task", "succeeded"), ("post_entry", "succeeded")]
+    assert [name for name, _ in steps_of(new)] == ["read", "check", "create_task", "post_entry"]
+    assert [step for step, _ in receivers.CALLS] == ["check"]  # v2's step, for the v2 run only
+    assert receivers.counts() == {"task": 2, "message": 0, "ledger": 2, "model_call": 0}
+    assert_invariants()
+
+
+def test_a_run_whose_version_is_not_deployed_waits_in_its_state_and_goes_on_once_it_is(clock, undeploy):
+    """The issue's reproduction: a run waits on a rate limit, v1 goes with a deploy. Not a review:
+    no executor here claims it; its why-sentence names the version and it counts as stuck. Put v1
+    back and it completes, one object per step."""
+    receivers.arm("ledger", "rate_limit")
+    run = start(1)
+    advance(run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.WAITING and run.next_wake_at is not None
+
+    undeploy("test_versioned", 1)
+    clock.set(run.next_wake_at)
+    for _ in range(3):
+        assert run_due(owner="v2-only") == 0
+        assert publish_due(owner="v2-only") == 0
+        clock.advance(60)
+    run.refresh_from_db()
+    assert run.state == RunState.WAITING and run.lease_owner == ""
+    assert not AuditEvent.objects.filter(run=run, action__in=["review", "claim", "lease_takeover"]).exclude(
+        at__lt=run.next_wake_at
+    )
+    why = why_not_moving(run, list(run.steps.all()), now=clock.now())
+    assert why == ("started under test_versioned v1; this deployment has v2: deploy v1 again, or move the run")
+    assert stuck(clock.now())["version_not_deployed"] == 1
+    assert receivers.counts()["ledger"] == 0
+
+    registry._REGISTRY["test_versioned"][1] = versioned_v1  # deployed again
+    run = settle(run, clock)
+    assert run.state == RunState.COMPLETED and run.workflow_version == 1
+    assert receivers.counts() == {"task": 1, "message": 0, "ledger": 1, "model_call": 0}
+    assert "check" not in [name for name, _ in steps_of(run)]
+    assert stuck(clock.now())["version_not_deployed"] == 0
+    assert_invariants()
+
+
+def test_a_run_of_a_workflow_no_longer_registered_is_not_parked_either(clock, monkeypatch):
+    run = start(1)
+    monkeypatch.delitem(registry._REGISTRY, "test_versioned")
+    assert run_due(owner="elsewhere") == 0
+    run.refresh_from_db()
+    assert run.state == RunState.PENDING and not run.steps.exclude(state=StepState.PENDING).exists()
+    assert why_not_moving(run, list(run.steps.all()), now=clock.now()) == (
+        "started under test_versioned v1; this deployment has no test_versioned workflow: deploy it again, "
+        "or terminate the run"
+    )
+    assert stuck(clock.now())["version_not_deployed"] == 1
+
+
+def test_the_executor_that_lacks_a_version_takes_the_runs_of_the_versions_it_has(clock, undeploy):
+    old, new = start(1), start(order_id="dep-2")
+    undeploy("test_versioned", 1)
+    assert run_due(owner="v2-only") == 1
+    old.refresh_from_db()
+    new.refresh_from_db()
+    assert old.state == RunState.PENDING and new.state == RunState.COMPLETED
+
+
+# --- starting on a version --------------------------------------------------------------------
+
+
+def test_start_workflow_starts_a_run_on_a_registered_older_version():
+    out = StringIO()
+    call_command("start_workflow", "test_versioned", "--version", "1", "--input", json.dumps(EVENT), stdout=out)
+    assert WorkflowRun.objects.get(workflow_id=out.getvalue().strip()).workflow_version == 1
+
+
+def test_start_workflow_refuses_a_version_that_is_not_registered_and_writes_nothing():
+    with pytest.raises(CommandError, match="test_versioned v9 is not deployed here"):
+        call_command("start_workflow", "test_versioned", "--version", "9", "--input", json.dumps(EVENT))
+    assert not WorkflowRun.objects.exists()
+
+
+def test_the_event_api_starts_a_run_on_the_version_the_request_names():
+    token = issue_token(name="canary", workflow_name="test_versioned")[1]
+    auth = {"Authorization": f"Bearer {token}"}
+
+    def post(query: str, event: dict):
+        url = f"/api/events/test_versioned{query}"
+        return Client().post(url, data=json.dumps(event), content_type="application/json", headers=auth)
+
+    response = post("?version=1", EVENT)
+    assert response.status_code == 201 and response.json()["version"] == 1
+    assert WorkflowRun.objects.get().workflow_version == 1
+    for query, message in [("?version=9", "test_versioned v9 is not deployed"), ("?version=x", "a whole number")]:
+        refused = post(query, {**EVENT, "order_id": "other"})
+        assert refused.status_code == 400 and message in refused.json()["error"]
+    assert WorkflowRun.objects.count() == 1
