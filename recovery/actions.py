@@ -35,6 +35,7 @@ class OperatorAction:
     evidence: bool = False  # takes the remote id that shows the effect happened (--remote-ref)
     decision: bool = False  # takes an edited decision (JSON) for a model step
     duration: bool = False  # takes how long it lasts, in hours (--hours; its transition's default without)
+    version: bool = False  # takes the workflow version to move the run to (--to-version), and --effects-stand
     options: dict[str, Any] = field(default_factory=dict)  # fixed arguments of the transition
 
 
@@ -72,6 +73,14 @@ ACTIONS: dict[str, OperatorAction] = {
         OperatorAction("snooze_alert", "snooze its alert", "snooze", "alert_snooze", duration=True),
         OperatorAction("stop_agent", "stop the agent", "stop_agent", "agent_stop", StepArg.REQUIRED),
         OperatorAction("fork_agent", "fork the agent from this turn", "fork_agent", "agent_fork", StepArg.REQUIRED),
+        OperatorAction(
+            "move_version",
+            "move to another version",
+            "move_version",
+            "run_move_version",
+            four_eyes=True,
+            version=True,
+        ),
     )
 }
 
@@ -101,6 +110,16 @@ def parse_hours(text: str | None) -> float | None:
         return float(text)
     except ValueError:
         raise InvalidTransition(f"give the duration in hours as a number, not {text.strip()[:40]!r}") from None
+
+
+def parse_version(text: str | None) -> int | None:
+    """A workflow version as the form or ``recover --to-version`` gives it (None when not given)."""
+    if text is None or not str(text).strip():
+        return None
+    text = str(text).strip().removeprefix("v")
+    if not text.isascii() or not text.isdigit() or len(text) > 9:
+        raise InvalidTransition(f"give the version as a whole number, not {text[:20]!r}")
+    return int(text)
 
 
 def parse_decision(text: str | None) -> dict[str, Any]:

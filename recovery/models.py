@@ -372,6 +372,9 @@ class ApprovalRequest(models.Model):
     action = models.CharField(max_length=24)  # recovery.workflow.FOUR_EYES_ACTIONS
     step_name = models.CharField(max_length=100, blank=True)
     remote_ref = models.CharField(max_length=255, blank=True)  # the evidence of "mark succeeded"
+    # The action's other arguments, performed with it on approval: {"version": 2, "effects_stand": true}
+    # for a move to another version. Nullable so that SQLite adds the column in place.
+    options = models.JSONField(null=True, blank=True)
     reason = models.TextField()
     state = models.CharField(max_length=12, choices=ApprovalState.choices, default=ApprovalState.PENDING)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")

@@ -30,6 +30,20 @@ def _clean_receivers():
 
 
 @pytest.fixture
+def undeploy(monkeypatch):
+    """``undeploy(name, version)`` takes one version of a workflow out of this process's registry
+    for the test, as a deploy without its module would (recovery.registry)."""
+    from recovery import registry
+
+    def remove(name: str, version: int) -> None:
+        versions = dict(registry._REGISTRY[name])
+        del versions[version]
+        monkeypatch.setitem(registry._REGISTRY, name, versions)
+
+    return remove
+
+
+@pytest.fixture
 def postgres_only():
     if connection.vendor != "postgresql":
         pytest.skip("needs real concurrency: runs on PostgreSQL (set DATABASE_URL=postgres://…)")

@@ -5,7 +5,7 @@ dashboard."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,7 +13,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count
 from django.db.models.functions import TruncHour
 
-from recovery import clock, counts
+from recovery import clock, counts, registry
 from recovery.actions import (
     ACTIONS,
     BULK_ACTIONS,
@@ -22,6 +22,7 @@ from recovery.actions import (
     StepArg,
     parse_decision,
     parse_hours,
+    parse_version,
 )
 from recovery.console import selectors
 from recovery.engine import transitions
@@ -31,6 +32,7 @@ from recovery.models import (
     Alert,
     AlertState,
     AuditEvent,
+    DecisionState,
     RunState,
     StepExecution,
     StepState,
@@ -55,6 +57,8 @@ def apply_action(
     request_id: str | None = None,
     decision: str | None = None,
     hours: str | None = None,
+    to_version: str | None = None,
+    effects_stand: bool = False,
 ) -> str:
     """Apply one operator action; returns the message to show. On a workflow with four-eyes
     actions, compensate, terminate and "it succeeded" become a request for approval, and
@@ -68,13 +72,14 @@ def apply_action(
     spec = ACTIONS.get(action)
     edited = parse_decision(decision) if spec and spec.decision else None
     duration = parse_hours(hours) if spec and spec.duration else None
+    moving = {"version": parse_version(to_version), "effects_stand": effects_stand} if spec and spec.version else {}
     try:
         run = transitions.perform(
-            action, step_name=step, remote_ref=remote_ref, decision=edited, hours=duration, **common
+            action, step_name=step, remote_ref=remote_ref, decision=edited, hours=duration, **moving, **common
         )
     except ApprovalRequired:
         # The workflow puts it behind four eyes: the same form asks for it instead.
-        transitions.approval_request(action=action, step_name=step, remote_ref=remote_ref, **common)
+        transitions.approval_request(action=action, step_name=step, remote_ref=remote_ref, **moving, **common)
         label = transitions.LABELS[action]
         return f"{label} requested: another supervisor must approve it before it runs"
     target = f" ({step})" if step else ""
@@ -101,6 +106,8 @@ class Action:
     confirm: str = ""  # compensate and terminate ask before they act
     evidence: bool = False  # "it succeeded, remote id X"
     durations: tuple[tuple[int, str, bool], ...] = ()  # how long it may last (hours, label, chosen): a snooze
+    # The versions a run may be moved to: (version, what a move there would do or why not, chosen)
+    versions: tuple[tuple[int, str, bool], ...] = ()
 
 
 # Where the console shows each action: the decision tools sit with the model's decision.
@@ -135,8 +142,23 @@ def available_actions(
     workflow = detail["workflow"]
     steps = {s.step_name: s for s in detail["steps"]}
     actions = [_button(name, steps.get(step), workflow) for name, step in pairs if name not in DECISION_TOOLS]
+    actions = [replace(a, versions=_move_targets(detail)) if a.name == "move_version" else a for a in actions]
     four_eyes = workflow.four_eyes if workflow is not None else frozenset()
     return [_as_request(a) if a.name in four_eyes else a for a in actions]
+
+
+def _move_targets(detail: dict[str, Any]) -> tuple[tuple[int, str, bool], ...]:
+    """Every other registered version of the run's workflow with what moving there would do (the
+    transition's own judgement, versions.move_plan), the newest that can continue the run chosen."""
+    run = detail["run"]
+    decisions = {d.step_name: d for d in detail["decisions"] if d.state == DecisionState.ACCEPTED}
+    plans = [
+        transitions.move_plan(run, detail["steps"], target, decisions)
+        for target in registry.all_versions()
+        if target.name == run.workflow_name and target.version != run.workflow_version
+    ]
+    chosen = max((p.target for p in plans if p.ok), default=None)
+    return tuple((p.target, p.summary(), p.target == chosen) for p in sorted(plans, key=lambda p: -p.target))
 
 
 def _button(name: str, step: StepExecution | None, workflow) -> Action:
@@ -160,12 +182,15 @@ def _button(name: str, step: StepExecution | None, workflow) -> Action:
         "snooze_alert": "Snooze its alert",
         "stop_agent": f"Stop the agent {at}",
         "fork_agent": f"Fork {at.rpartition(':')[0]} from turn {at.rpartition(':')[2]}",
+        "move_version": "Move to another version",
     }[name]
     confirm = {
         "terminate": "Stop this run for good? Effects made stay made.",
         "stop_agent": f"Stop {at} now? Nothing more is asked of the model or sent until an operator lets it go on.",
         "fork_agent": f"Ask the model again from before turn {at.rpartition(':')[2]}? Calls already made stay made "
         "(compensate them explicitly); later calls get a new key version.",
+        "move_version": "Move this run to the chosen version? The steps it began keep their keys and outcomes; "
+        "the rest follow that version's definition.",
     }.get(name, "")
     durations = (
         tuple((h, text, h == SNOOZE_DEFAULT_HOURS) for h, text in SNOOZE_CHOICES) if ACTIONS[name].duration else ()

@@ -263,6 +263,8 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
             remote_ref=request.POST.get("remote_ref", ""),
             decision=request.POST.get("decision"),
             hours=request.POST.get("hours"),
+            to_version=request.POST.get("to_version"),
+            effects_stand=request.POST.get("effects_stand") == "on",
             actor=request.user,
             request_id=request.POST.get("request") or None,
         )

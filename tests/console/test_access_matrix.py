@@ -41,6 +41,7 @@ from recovery.models import (
     WorkflowRun,
 )
 from recovery.permissions import Role
+from recovery.workflow import get_workflow
 from sandbox import faults
 from sandbox import services as sandbox_services
 from sandbox.models import Fault, IdempotencyRecord, LedgerEntry, Message, Task
@@ -117,6 +118,7 @@ def action_row(action: str, *, needs: str = "", step: str | None = None, role: R
         "refused": lambda w: w.refused,
         "alert": lambda w: w.failed,
         "agent": lambda w: w.agent,
+        "versioned": lambda w: w.versioned,
     }[needs]
     step = STEP_OF_ACTION.get(action, "") if step is None else step
     return Row(
@@ -133,6 +135,7 @@ def action_row(action: str, *, needs: str = "", step: str | None = None, role: R
             "remote_ref": w.remote_message if action == "resolve_happened" else "",
             "request": w.request_id if needs == "approval" else "",
             "decision": CORRECTED if action == "supersede" else "",
+            "to_version": "2" if action == "move_version" else "",
         },
         headers=lambda w: {"HX-Request": "true", "HX-Target": "run-body"},
         changes=True,
@@ -183,6 +186,7 @@ MATRIX: list[Row] = [
     action_row("snooze_alert", needs="alert"),  # a supervisor's: the failed run's alert is firing
     action_row("stop_agent", needs="agent"),  # an operator's: a runaway agent is stopped at once
     action_row("fork_agent", needs="agent"),  # a supervisor's: the model is asked again from turn 2
+    action_row("move_version", needs="versioned"),  # a supervisor's: a v1 run moved to v2
     action_row("approve", needs="approval"),  # another supervisor's request to terminate
     action_row("reject", needs="approval"),
     Row(
@@ -419,6 +423,8 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
         w.agent = run_start(workflow="test_agent", data={"tenant": "t", "order_id": "agent"})[0]
         advance(w.agent.pk)
         w.agent.refresh_from_db()
+    if needs == "versioned":  # a run started on the older of two registered versions
+        w.versioned = run_start(workflow=get_workflow("test_versioned", 1), data={"tenant": "t", "order_id": "v1"})[0]
     if needs == "refused":  # a guard refused the model's approver before anything was written
         receivers.MODEL_SCRIPT.append(json.dumps({"category": "office", "amount": 120, "approver": "mallory"}))
         w.refused = drive(run_start(workflow="test_policy", data={"tenant": "t", "order_id": "refused"})[0], clock)

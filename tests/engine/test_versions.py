@@ -27,19 +27,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 EVENT = {"tenant": "t1", "order_id": "dep-1"}
 
 
-@pytest.fixture
-def undeploy(monkeypatch):
-    """Take one version of a workflow out of this process's registry (as a deploy without its
-    module would), for the test."""
-
-    def remove(name: str, version: int) -> None:
-        versions = dict(registry._REGISTRY[name])
-        del versions[version]
-        monkeypatch.setitem(registry._REGISTRY, name, versions)
-
-    return remove
-
-
 def start(version: int | None = None, **event):
     run, _ = run_start(workflow=get_workflow("test_versioned", version), data={**EVENT, **event})
     return run

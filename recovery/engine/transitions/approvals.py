@@ -10,6 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
 from recovery import clock, permissions
+from recovery.actions import ACTIONS
 from recovery.errors import InvalidTransition, RunChanged
 from recovery.models import ApprovalRequest, ApprovalState, WorkflowRun
 from recovery.redaction import redact_text
@@ -34,6 +35,7 @@ def _perform(request: ApprovalRequest, *, actor: AbstractBaseUser, reason: str, 
         expect=expect,
         now=now,
         approval=request,
+        **(request.options or {}),
     )
 
 
@@ -57,6 +59,8 @@ def _approval_snap(request: ApprovalRequest) -> dict[str, Any]:
         snap["step"] = request.step_name
     if request.remote_ref:
         snap["remote_ref"] = request.remote_ref
+    if request.options:
+        snap.update(request.options)
     return snap
 
 
@@ -68,6 +72,8 @@ def approval_request(
     reason: str,
     step_name: str | None = None,
     remote_ref: str = "",
+    version: int | None = None,
+    effects_stand: bool = False,
     expect: str | None = None,
     now: datetime | None = None,
 ) -> ApprovalRequest:
@@ -89,6 +95,7 @@ def approval_request(
             action=action,
             step_name=step_name or "",
             remote_ref=redact_text((remote_ref or "").strip()),
+            options=_options(action, version, effects_stand),
             reason=redact_text(reason),
             state=ApprovalState.PENDING,
             requested_by=actor,
@@ -102,6 +109,15 @@ def approval_request(
             raise InvalidTransition(f"a request to {LABELS[action]} is already waiting for approval") from None
         _approval_audit(run, request, "approval_request", actor=actor, reason=reason, now=now)
         return request
+
+
+def _options(action: str, version: int | None, effects_stand: bool) -> dict[str, Any] | None:
+    """What else the requested action is performed with (recovery.actions: a move's version)."""
+    if not ACTIONS[action].version:
+        if version is not None:
+            raise InvalidTransition(f"{action} takes no version")
+        return None
+    return {"version": version, "effects_stand": bool(effects_stand)}
 
 
 def _locked_request(request_id: int | str) -> tuple[WorkflowRun, ApprovalRequest]:

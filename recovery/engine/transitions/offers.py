@@ -13,7 +13,7 @@ from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser
 
-from recovery import permissions
+from recovery import permissions, registry
 from recovery.actions import ACTIONS, StepArg
 from recovery.errors import InvalidTransition, NotPermitted
 from recovery.models import Alert, AlertState, RunState, StepExecution, StepState, WorkflowRun
@@ -335,6 +335,22 @@ def _fork_agent(s: Situation, step_name: str | None, actor) -> str:
     return ""
 
 
+def _move_version(s: Situation, step_name: str | None, actor) -> str:
+    """The state allows a move, nobody holds the run, and another version is deployed; whether
+    that version can continue the run is the transition's judgement (versions.move_plan)."""
+    run = s.run
+    if run.state in TERMINAL_RUN_STATES:
+        return f"run {run.workflow_id} is {run.state}: a finished run is not moved"
+    if run.state not in RUN_TRANSITIONS["move_version"][0]:
+        return f"run {run.workflow_id} is {run.state}: finish the compensation (or terminate) before moving it"
+    if blocked := _running(s):
+        return blocked
+    others = [v for v in registry.versions_of(run.workflow_name) if v != run.workflow_version]
+    if not others:
+        return f"this deployment has no other version of {run.workflow_name} to move the run to"
+    return ""
+
+
 def _snooze(s: Situation, step_name: str | None, actor) -> str:
     if s.firing_alert is None:
         s.firing_alert = Alert.objects.filter(run=s.run, state=AlertState.FIRING).exists()
@@ -356,6 +372,7 @@ _RULES: dict[str, Callable[[Situation, str | None, object], str | InvalidTransit
     "alert_snooze": _snooze,
     "agent_stop": _stop_agent,
     "agent_fork": _fork_agent,
+    "run_move_version": _move_version,
 }
 
 

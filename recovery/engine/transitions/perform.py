@@ -14,7 +14,7 @@ from recovery.errors import InvalidTransition
 from recovery.models import ApprovalRequest, WorkflowRun
 from recovery.permissions import role_of
 
-from . import agents, alerts, compensation, offers, operator
+from . import agents, alerts, compensation, offers, operator, versions
 
 
 def perform(
@@ -30,6 +30,8 @@ def perform(
     now: datetime | None = None,
     approval: ApprovalRequest | None = None,
     hours: float | None = None,
+    version: int | None = None,
+    effects_stand: bool = False,
 ) -> WorkflowRun:
     """Perform ``action`` through its transition, which checks the run's state, the reason,
     the page's version (``expect``) and the four-eyes rule. A person's role is checked here
@@ -45,7 +47,9 @@ def perform(
     if spec.step == StepArg.REQUIRED and not step_name:
         raise InvalidTransition(f"{action} needs a step")
     transition = next(
-        getattr(m, spec.transition) for m in (operator, compensation, alerts, agents) if hasattr(m, spec.transition)
+        getattr(m, spec.transition)
+        for m in (operator, compensation, alerts, agents, versions)
+        if hasattr(m, spec.transition)
     )
     arguments = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
     arguments.update(spec.options)
@@ -61,6 +65,10 @@ def perform(
         arguments["hours"] = hours
     elif hours is not None:
         raise InvalidTransition(f"{action} takes no duration")
+    if spec.version:
+        arguments.update(version=version, effects_stand=effects_stand)
+    elif version is not None:
+        raise InvalidTransition(f"{action} takes no version")
     if approval is not None:
         arguments["approval"] = approval
     run = transition(**arguments)

@@ -49,6 +49,12 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
         ),
         RunState.COMPENSATING,
     ),
+    # to another version of the workflow: a run that would go on by itself is due at once; one in
+    # review or failed stays there (an operator resumes it)
+    "move_version": (
+        frozenset({RunState.PENDING, RunState.WAITING, RunState.RUNNING, RunState.NEEDS_REVIEW, RunState.FAILED}),
+        RunState.PENDING,
+    ),
     "compensation_wait": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATING),
     "compensation_fail": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATION_FAILED),
     # the target depends on what is left: compensated, completed, or needs_review

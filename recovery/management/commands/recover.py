@@ -3,6 +3,7 @@ from pathlib import Path
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
+from recovery import clock
 from recovery.actions import (
     ACTIONS,
     DECISIONS,
@@ -11,11 +12,13 @@ from recovery.actions import (
     StepArg,
     parse_decision,
     parse_hours,
+    parse_version,
 )
 from recovery.engine import transitions
 from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
+from recovery.workflow import get_workflow
 
 
 class Command(RecoveryCommand):
@@ -46,6 +49,15 @@ class Command(RecoveryCommand):
             "--hours",
             help=f"snooze_alert: how long, in hours ({SNOOZE_DEFAULT_HOURS} if not given; at most {MAX_SNOOZE_HOURS})",
         )
+        parser.add_argument("--to-version", help="move_version: the registered version to move the run to")
+        parser.add_argument(
+            "--effects-stand",
+            action="store_true",
+            help="move_version: the effects made under a key version the target changes stand (keep them)",
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="move_version: say whether the move is possible and what it changes"
+        )
         parser.add_argument("--request", help="approve, reject: the request's id (manage.py approval list)")
         parser.add_argument("--reason", required=True)
         parser.add_argument("--as", dest="username", required=True, help="the operator's username")
@@ -60,6 +72,9 @@ class Command(RecoveryCommand):
         decision,
         decision_file,
         hours,
+        to_version,
+        effects_stand,
+        dry_run,
         request,
         reason,
         username,
@@ -72,7 +87,13 @@ class Command(RecoveryCommand):
             return self._decide(action, workflow_id, request, user, reason)
         if ACTIONS[action].step == StepArg.REQUIRED and not step:
             raise CommandError(f"{action} needs --step")
+        if dry_run and not ACTIONS[action].version:
+            raise CommandError(f"--dry-run is for move_version, not {action}")
         try:
+            version = parse_version(to_version)
+            if dry_run:
+                self.stdout.write(f"{workflow_id}: {_move_plan(workflow_id, version, user)}")
+                return
             edited = _decision(decision, decision_file) if ACTIONS[action].decision else None
             transitions.perform(
                 action,
@@ -81,6 +102,8 @@ class Command(RecoveryCommand):
                 remote_ref=remote_ref,
                 decision=edited,
                 hours=parse_hours(hours),
+                version=version,
+                effects_stand=effects_stand,
                 actor=user,
                 reason=reason,
             )
@@ -103,6 +126,23 @@ class Command(RecoveryCommand):
         self.stdout.write(
             f"{action}: request {decided.pk} is {decided.state}; {workflow_id} is now {decided.run.state}"
         )
+
+
+def _move_plan(workflow_id: str, version: int | None, user) -> str:
+    """The dry run of a move, judged as the transition would judge it now (the role, the run's
+    state, then ``move_plan``); nothing is written."""
+    run = WorkflowRun.objects.get(workflow_id=workflow_id)
+    if version is None:
+        raise InvalidTransition("move_version needs --to-version")
+    try:
+        target = get_workflow(run.workflow_name, version)
+    except LookupError as exc:
+        raise InvalidTransition(str(exc)) from None
+    steps = list(run.steps.all())
+    refused = transitions.why_not("move_version", transitions.Situation.of(run, steps, clock.now()), actor=user)
+    if refused is not None:
+        return f"cannot move: {refused}"
+    return transitions.move_plan(run, steps, target, transitions.accepted_decisions(run)).summary()
 
 
 def _decision(text: str | None, path: str | None) -> dict:

@@ -1,0 +1,314 @@
+"""Moving a run to another version of its workflow: whether the target can continue the run
+(``move_plan``, pure: the transition, the dry runs, ``check_deploy`` and the console all ask it),
+and the audited move itself (``run_move_version``).
+
+A target can continue a run when every step the run has begun exists in the target with the
+same name and position (so no new step lands before one that ran), the same key version (keys
+never change by a move; a finished step whose key version changed keeps its effect only if the
+operator says it stands) and, for a model step, a decision that still fits the target's schema.
+Steps not begun are free: the target's own list replaces them (added, removed, new keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import pydantic
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from recovery import clock, registry
+from recovery.engine import dispatch
+from recovery.errors import InvalidTransition
+from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
+from recovery.workflow import (
+    StepSpec,
+    Workflow,
+    idempotency_key,
+    is_journal_name,
+    journal_rows,
+    parse_journal_name,
+)
+
+from . import offers
+from ._core import (
+    RUN_LEASE_FIELDS,
+    _abandon_running_steps,
+    _audit,
+    _check,
+    _locked_run_by_id,
+    _release_into,
+    _save_run,
+    _save_step,
+    _snap,
+    require_reason,
+)
+from .operator import _four_eyes
+from .tables import RUN_TRANSITIONS
+
+# A step in these states holds a known outcome (its effect made, undone, or left out).
+_FINISHED = frozenset(
+    {
+        StepState.SUCCEEDED,
+        StepState.SKIPPED,
+        StepState.COMPENSATING,
+        StepState.COMPENSATED,
+        StepState.COMPENSATION_FAILED,
+    }
+)
+
+
+@dataclass
+class MovePlan:
+    """What moving a run to ``target`` would do, or why it cannot (``refusal``, naming the first
+    incompatible step in ``step``)."""
+
+    source: int
+    target: int
+    refusal: str = ""
+    step: str = ""
+    added: list[str] = field(default_factory=list)  # steps the target adds (rows inserted, pending)
+    removed: list[str] = field(default_factory=list)  # steps not begun that the target lacks (rows removed)
+    rekeyed: list[str] = field(default_factory=list)  # steps not begun (or known failed): the target's key version
+    # Finished steps whose key version the target changes: their effect (remote reference) was made
+    # under the old key; the move keeps it only when the operator says that it stands.
+    effects: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusal
+
+    def summary(self) -> str:
+        """One line: compatible and what changes, or why not."""
+        if not self.ok:
+            return self.refusal
+        changes = [
+            f"adds {', '.join(self.added)}" if self.added else "",
+            f"drops {', '.join(self.removed)}" if self.removed else "",
+            f"new keys for {', '.join(self.rekeyed)}" if self.rekeyed else "",
+            f"effects made under an old key: {', '.join(e['step'] for e in self.effects)}" if self.effects else "",
+        ]
+        said = "; ".join(c for c in changes if c)
+        return f"can move to v{self.target}" + (f" ({said})" if said else "")
+
+    def refuse(self, step: str, why: str) -> MovePlan:
+        self.step, self.refusal = step, f"cannot move to v{self.target}: {why}"
+        return self
+
+
+def _begun(row: StepExecution) -> bool:
+    return row.state != StepState.PENDING or bool(row.attempts or row.refusal or row.next_attempt_at)
+
+
+def move_plan(
+    run: WorkflowRun, rows: list[StepExecution], target: Workflow, decisions: dict[str, ModelDecision]
+) -> MovePlan:
+    """Whether ``target`` (a version of the run's workflow) can continue the run as its rows
+    stand, and what moving it there changes. ``decisions``: the run's accepted decisions by step.
+    Pure: reads only what it is given."""
+    plan = MovePlan(source=run.workflow_version, target=target.version)
+    if target.name != run.workflow_name:
+        return plan.refuse("", f"{target.name} is another workflow than {run.workflow_name}")
+    if target.version == run.workflow_version:
+        return plan.refuse("", f"the run is on v{target.version} already")
+    steps = sorted((r for r in rows if not is_journal_name(r.step_name)), key=lambda r: r.order)
+    names = {s.name: s for s in target.steps}
+    for row in steps:
+        spec = names.get(row.step_name)
+        if not _begun(row):
+            if spec is None:
+                plan.removed.append(row.step_name)
+            elif spec.key_version != row.key_version:
+                plan.rekeyed.append(row.step_name)
+            continue
+        why = _incompatible(row, spec, target, rows, decisions, plan)
+        if why:
+            return plan.refuse(row.step_name, why)
+    had = {r.step_name for r in steps}
+    plan.added = [s.name for s in target.steps if s.name not in had]
+    return plan
+
+
+def _incompatible(
+    row: StepExecution,
+    spec: StepSpec | None,
+    target: Workflow,
+    rows: list[StepExecution],
+    decisions: dict[str, ModelDecision],
+    plan: MovePlan,
+) -> str:
+    """Why a step the run has begun stops ``target`` from continuing it ("" if nothing does)."""
+    name, v = row.step_name, target.version
+    if spec is None:
+        return f"{name} ({row.state}) is not a step of v{v}"
+    if spec.position != row.position:
+        return (
+            f"{name} is step {row.position + 1} of this run and step {spec.position + 1} of v{v}: "
+            "the steps before it differ"
+        )
+    if spec.is_agent:
+        return _agent_incompatible(row, spec, rows, v)
+    if spec.key_version != row.key_version:
+        if row.state in _FINISHED:
+            plan.effects.append(
+                {"step": name, "remote_ref": row.remote_ref, "key_version": row.key_version, "to": spec.key_version}
+            )
+        elif row.state == StepState.FAILED:
+            plan.rekeyed.append(name)  # a known failure made nothing: the next attempt may carry the new key
+        else:
+            return (
+                f"{name} was attempted under key version {row.key_version} and has key version {spec.key_version} "
+                f"in v{v}, and its outcome is {row.state}: settle it first (reconcile, or resolve it), then move"
+            )
+    if spec.is_decision and row.state == StepState.SUCCEEDED:
+        return _decision_incompatible(name, spec, decisions.get(name), v)
+    return ""
+
+
+def _decision_incompatible(name: str, spec: StepSpec, decision: ModelDecision | None, v: int) -> str:
+    if decision is None:
+        return ""
+    schema = spec.decision_schema
+    assert schema is not None
+    if decision.schema_version != spec.schema_version:
+        return (
+            f"{name}'s accepted decision was made under schema v{decision.schema_version}; v{v} declares "
+            f"{schema.__name__} v{spec.schema_version}"
+        )
+    try:
+        schema.model_validate(decision.accepted)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "decision"
+        return f"{name}'s accepted decision does not fit v{v}'s {schema.__name__} ({where}: {first['msg']})"
+    return ""
+
+
+def _agent_incompatible(row: StepExecution, spec: StepSpec, rows: list[StepExecution], v: int) -> str:
+    """An agent begun: every call its journal holds names a tool of the target's agent, under
+    the same key versions (the agent's forks add to each tool's)."""
+    assert spec.agent is not None
+    forks = row.key_version - spec.key_version
+    if forks < 0:
+        return f"{row.step_name} has key version {row.key_version}, below v{v}'s {spec.key_version}"
+    for entry in journal_rows(row.step_name, rows):
+        tool_name = parse_journal_name(entry.step_name).tool
+        if tool_name is None:
+            continue
+        tool = spec.agent.tools.get(tool_name)
+        if tool is None:
+            return f"{entry.step_name} called the tool {tool_name}, which v{v}'s {row.step_name} does not have"
+        if tool.key_version + forks != entry.key_version:
+            expected = tool.key_version + forks
+            return f"{entry.step_name} was made under key version {entry.key_version}; v{v} gives it {expected}"
+    return ""
+
+
+def accepted_decisions(run: WorkflowRun) -> dict[str, ModelDecision]:
+    found = ModelDecision.objects.filter(run=run, state=DecisionState.ACCEPTED)
+    return {d.step_name: d for d in found}
+
+
+def run_move_version(
+    *,
+    workflow_id: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    version: int | None,
+    effects_stand: bool = False,
+    expect: str | None = None,
+    now: datetime | None = None,
+    approval: Any = None,
+) -> WorkflowRun:
+    """Move a stopped run to another registered version of its workflow, when that version can
+    continue it (``move_plan``); otherwise refuse, naming the first incompatible step. Steps the
+    run has begun keep their rows, keys and outcomes; the target's list replaces the steps not
+    begun. A finished step whose key version the target changes keeps its effect (and its old
+    key) only with ``effects_stand``: the operator says the effect made under the old key stands.
+    A run that would go on by itself is due at once; one in review or failed stays so (resume it)."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    if version is None:
+        raise InvalidTransition("move_version needs the version to move the run to")
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        _four_eyes(run, "move_version", "", approval)
+        offers.require("move_version", run, now, actor=actor)
+        try:
+            target = registry.get_workflow(run.workflow_name, version)
+        except LookupError as exc:
+            raise InvalidTransition(str(exc)) from None
+        abandoned = _abandon_running_steps(run, now, actor)  # an expired executor's call: unknown
+        rows = list(StepExecution.objects.select_for_update().filter(run=run))
+        plan = move_plan(run, rows, target, accepted_decisions(run))
+        if not plan.ok:
+            raise InvalidTransition(plan.refusal)
+        if plan.effects and not effects_stand:
+            made = "; ".join(f"{e['step']}: {e['remote_ref'] or 'no remote reference'}" for e in plan.effects)
+            raise InvalidTransition(
+                f"v{plan.target} gives {', '.join(e['step'] for e in plan.effects)} a new key version, and the "
+                f"run made its effect under the old key ({made}): say whether that effect stands (effects stand), "
+                "or compensate it first"
+            )
+        before = {**_snap(run), "version": run.workflow_version}
+        _apply(run, rows, target, plan, now, actor)
+        run.workflow_version = target.version
+        fields = ["workflow_version"]
+        if run.state not in (RunState.NEEDS_REVIEW, RunState.FAILED):  # those wait for an operator's resume
+            _check(RUN_TRANSITIONS, "move_version", run.state, "run")
+            _release_into(run, RunState.PENDING, reason=f"moved from v{plan.source} to v{plan.target}")
+            run.lease_generation += 1  # fence out the executor whose lease expired, should it wake
+            fields += [*RUN_LEASE_FIELDS, "status_reason"]
+            dispatch.enqueue_run(run.pk)
+        _save_run(run, fields, now, actor)
+        after: dict[str, Any] = {**_snap(run), "version": target.version}
+        for key, value in (
+            ("steps_added", plan.added),
+            ("steps_removed", plan.removed),
+            ("keys_changed", plan.rekeyed),
+            ("effects_stand", plan.effects),
+            ("steps_now_unknown", abandoned),
+        ):
+            if value:
+                after[key] = value
+        _audit(run, "move_version", actor=actor, reason=reason, before=before, after=after, now=now)
+        return run
+
+
+def _apply(
+    run: WorkflowRun,
+    rows: list[StepExecution],
+    target: Workflow,
+    plan: MovePlan,
+    now: datetime,
+    actor: AbstractBaseUser | None,
+) -> None:
+    """The target's step list over the run's rows: begun rows kept as they are, the others moved
+    to the target's position and key version; rows of steps it lacks removed; its new steps added."""
+    by_name = {r.step_name: r for r in rows}
+    for name in plan.removed:
+        by_name.pop(name).delete()
+    for spec in target.steps:
+        row = by_name.get(spec.name)
+        if row is None:
+            StepExecution.objects.create(
+                run=run,
+                step_name=spec.name,
+                position=spec.position,
+                key_version=spec.key_version,
+                idempotency_key=idempotency_key(run.workflow_id, spec.name, spec.key_version),
+                updated_at=now,
+            )
+            continue
+        changed = []
+        if row.position != spec.position:
+            row.position = spec.position
+            changed.append("position")
+        if spec.name in plan.rekeyed:
+            row.key_version = spec.key_version
+            row.idempotency_key = idempotency_key(run.workflow_id, spec.name, spec.key_version)
+            changed += ["key_version", "idempotency_key"]
+        if changed:
+            _save_step(row, changed, now, actor)
