@@ -3,18 +3,20 @@ warns about a step that acts on a model's decision unguarded."""
 
 from django.conf import settings
 from django.core import checks
+from django.db import DatabaseError
 
-from recovery.workflow import Reconcile, Rerun, StepSpec, ToolSpec, all_workflows
+from recovery import deploys
+from recovery.workflow import Reconcile, Rerun, StepSpec, ToolSpec, all_versions, get_workflow
 
 
 @checks.register()
 def check_recovery_contracts(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
-    for workflow in all_workflows():
+    for workflow in all_versions():  # an older version kept beside the current one runs runs too
         if not workflow.steps:
             errors.append(checks.Error(f"workflow {workflow.name!r} declares no steps", id="recovery.E001"))
         for spec in [*workflow.steps, *workflow.tools.values()]:  # a tool's contract is a step's
-            where = f"{workflow.name}.{spec.name}"
+            where = f"{_name(workflow)}.{spec.name}"
             if spec.rerun != Rerun.YES and spec.reconcile is None:
                 errors.append(
                     checks.Error(
@@ -112,3 +114,33 @@ def _check_timing(where: str, spec: StepSpec) -> list[checks.CheckMessage]:
             )
         )
     return errors
+
+
+@checks.register(checks.Tags.database)
+def check_stranded_runs(app_configs=None, databases=None, **kwargs) -> list[checks.CheckMessage]:
+    """``manage.py check --database default``: a warning when unfinished runs need a workflow
+    version this code lacks (what ``manage.py check_deploy`` lists). Silent when no database is
+    asked for, or it cannot be read (not migrated yet, out of reach)."""
+    if not databases or "default" not in databases:
+        return []
+    try:
+        groups = deploys.stranded()
+    except DatabaseError:
+        return []
+    stranded = sum(g.runs for g in groups)
+    if not stranded:
+        return []
+    where = "; ".join(f"{g.workflow} v{g.version}: {g.runs}" for g in groups[:5])
+    return [
+        checks.Warning(
+            f"{stranded} unfinished run(s) need a workflow version this code lacks ({where})",
+            hint="keep those versions deployed until their runs drain, or move the runs (manage.py check_deploy)",
+            id="recovery.W010",
+        )
+    ]
+
+
+def _name(workflow) -> str:
+    """How a message names a workflow: its name, and its version when it is not the current one."""
+    current = workflow is get_workflow(workflow.name)
+    return workflow.name if current else f"{workflow.name} v{workflow.version}"
