@@ -194,6 +194,9 @@ def _load(lease: Lease) -> _Plan | None:
         # since. Not the run's fault, so no review: let go; a process that has the version takes it.
         transitions.run_wait(lease=lease, wake_at=clock.now(), reason=f"{exc}: left for a process that has it")
         return None
+    if changed := transitions.drift(steps, workflow):
+        transitions.run_review(lease=lease, reason=changed)
+        return None
     return _Plan(run=run, workflow=workflow, steps=steps)
 
 

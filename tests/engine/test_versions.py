@@ -162,3 +162,22 @@ def test_the_event_api_starts_a_run_on_the_version_the_request_names():
         refused = post(query, {**EVENT, "order_id": "other"})
         assert refused.status_code == 400 and message in refused.json()["error"]
     assert WorkflowRun.objects.count() == 1
+
+
+def test_a_run_whose_version_changed_its_steps_without_a_new_number_stops_for_review_before_any_step(
+    clock, monkeypatch
+):
+    """The hazard of a deploy that edits a version in place: the run must not continue on a step
+    list its checkpoints were not written for (here v1 gains v2's check without becoming v3)."""
+    run = start(1)
+    monkeypatch.setitem(registry._REGISTRY, "test_versioned", {2: get_workflow("test_versioned", 2)})
+    get_workflow("test_versioned", 2).derive(version=1)  # "v1", now with check: registered in the copy
+    advance(run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.NEEDS_REVIEW
+    assert run.status_reason == (
+        "the steps of test_versioned v1 changed under this run without a new version: step 2 is create_task in "
+        "its checkpoints and check in the code deployed; declare the change as a new version (keep this one "
+        "beside it), or move the run"
+    )
+    assert not run.steps.exclude(state=StepState.PENDING).exists() and receivers.CALLS == []

@@ -98,6 +98,27 @@ class MovePlan:
         return self
 
 
+def drift(rows: list[StepExecution], workflow: Workflow) -> str:
+    """Why the definition the run executes on no longer matches the steps its checkpoints were
+    written for ("" when it does): a deploy changed the steps of a version without bumping it.
+    The run must not go on against another list (a new step would be skipped, a removed one
+    would be found missing halfway); a new version, and a move, is the way."""
+    had = [(r.step_name, r.position) for r in sorted(rows, key=lambda r: r.order) if not is_journal_name(r.step_name)]
+    declared = [(s.name, s.position) for s in workflow.steps]
+    if had == declared:
+        return ""
+    first = next(
+        (i for i, (a, b) in enumerate(zip(had, declared, strict=False)) if a != b), min(len(had), len(declared))
+    )
+    ran = had[first][0] if first < len(had) else "(none)"
+    now = declared[first][0] if first < len(declared) else "(none)"
+    return (
+        f"the steps of {workflow.name} v{workflow.version} changed under this run without a new version: "
+        f"step {first + 1} is {ran} in its checkpoints and {now} in the code deployed; declare the change as a new "
+        "version (keep this one beside it), or move the run"
+    )
+
+
 def _begun(row: StepExecution) -> bool:
     return row.state != StepState.PENDING or bool(row.attempts or row.refusal or row.next_attempt_at)
 
