@@ -12,6 +12,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.samples import Sample
 
 from recovery import clock, counts
+from recovery.registry import has as deployed_here
 from recovery.workflow import all_workflows
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -19,8 +20,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class DatabaseGauges:
     """``recovery_runs``, ``recovery_stuck_runs`` (each series capped at counts.COUNT_CAP: a
-    value of 10000 means at least that many) and ``recovery_outbox_oldest_undelivered_seconds``,
-    read at scrape time in two statements."""
+    value of 10000 means at least that many), ``recovery_unfinished_runs`` per version and
+    ``recovery_outbox_oldest_undelivered_seconds``, read at scrape time in three statements."""
 
     def collect(self) -> Iterator[Metric]:
         now = clock.now()
@@ -38,6 +39,16 @@ class DatabaseGauges:
         for (workflow, cause), (n, _) in found["stuck"].items():
             stuck.add_metric([workflow, cause], n)
         yield stuck
+        unfinished = GaugeMetricFamily(
+            "recovery_unfinished_runs",
+            "Runs not finished by workflow and version, and whether this deployment has that version: a "
+            "version may be removed from the code once its count is 0.",
+            labels=["workflow", "version", "deployed"],
+        )
+        for row in counts.unfinished_by_version():
+            deployed = "true" if deployed_here(row["workflow"], row["version"]) else "false"
+            unfinished.add_metric([row["workflow"], str(row["version"]), deployed], row["runs"])
+        yield unfinished
         yield GaugeMetricFamily(
             "recovery_outbox_oldest_undelivered_seconds",
             "Age of the oldest outbox message not yet delivered (0 when none is waiting).",

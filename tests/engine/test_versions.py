@@ -181,3 +181,25 @@ def test_a_run_whose_version_changed_its_steps_without_a_new_number_stops_for_re
         "beside it), or move the run"
     )
     assert not run.steps.exclude(state=StepState.PENDING).exists() and receivers.CALLS == []
+
+
+def test_the_metrics_count_unfinished_runs_per_version_and_say_which_are_not_deployed(clock, undeploy):
+    start(1)
+    start(order_id="dep-2")
+    settle(start(order_id="dep-3"), clock)  # finished: not counted
+    undeploy("test_versioned", 1)
+    out = StringIO()
+    call_command("metrics", stdout=out)
+    lines = [
+        line
+        for line in out.getvalue().splitlines()
+        if line.startswith("recovery_unfinished_runs{") and "test_versioned" in line
+    ]
+    assert sorted(lines) == [
+        'recovery_unfinished_runs{deployed="false",version="1",workflow="test_versioned"} 1.0',
+        'recovery_unfinished_runs{deployed="true",version="2",workflow="test_versioned"} 1.0',
+    ]
+    stuck = [
+        line for line in out.getvalue().splitlines() if 'cause="version_not_deployed"' in line and "test_v" in line
+    ]
+    assert stuck == ['recovery_stuck_runs{cause="version_not_deployed",workflow="test_versioned"} 1.0']
