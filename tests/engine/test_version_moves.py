@@ -18,6 +18,7 @@ from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from recovery.workflow import get_workflow, idempotency_key
 from tests.support import receivers
 from tests.support.engine import assert_invariants, crash_at, drive, person
+from tests.support.versioned import versioned_v1
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -238,3 +239,42 @@ def test_recover_move_version_moves_and_refuses_in_one_line(clock, monkeypatch, 
     )
     assert WorkflowRun.objects.get(pk=fresh.pk).workflow_version == 2
     assert AuditEvent.objects.get(run=fresh, action="move_version").after["version"] == 2
+
+
+# --- the fault matrix, with a deploy in the middle ---------------------------------------------
+
+BOUNDARIES = ("before_intent", "before_call", "after_call", "after_outcome")
+
+
+@pytest.mark.parametrize("step", ["read", "create_task", "post_entry"])
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_a_v1_run_crashed_anywhere_then_stranded_by_a_deploy_ends_with_one_object_per_step(
+    clock, monkeypatch, undeploy, supervisor, step, boundary
+):
+    """The executor dies at STEP:BOUNDARY, then v1 goes with a deploy. Whatever the crash left,
+    the supervisor's move either continues the run on v2 or is refused naming the step that
+    stops it (then v1 comes back); either way the run completes with one task and one ledger
+    entry, the check made at most once, and it was never sent to review."""
+    run = start_v1()
+    crash_at(monkeypatch, f"{step}:{boundary}", lambda: advance(run.pk))
+    clock.advance(60)  # the dead executor's lease expires
+    undeploy("test_versioned", 1)
+    run.refresh_from_db()
+    begun = run.steps.get(step_name="create_task")
+    movable = begun.state == StepState.PENDING and begun.attempts == 0
+    if run.state == RunState.COMPLETED:  # the last outcome finished the run: nothing is stranded
+        with pytest.raises(InvalidTransition, match="a finished run is not moved"):
+            move(run, supervisor)
+    elif movable:
+        run = move(run, supervisor)
+        assert run.workflow_version == 2
+    else:
+        with pytest.raises(InvalidTransition, match="create_task is step 2 of this run and step 3 of v2"):
+            move(run, supervisor)
+        registry._REGISTRY["test_versioned"][1] = versioned_v1  # v1 deployed again: the way out
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == ONE_EACH
+    assert len(receivers.CALLS) == (1 if movable else 0)
+    assert not AuditEvent.objects.filter(run=run, action="review").exists()
+    assert_invariants()
