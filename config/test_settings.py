@@ -14,7 +14,14 @@ from .settings import (  # noqa: E402
 )
 
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.support"]
-RECOVERY_WORKFLOW_MODULES = [*RECOVERY_WORKFLOW_MODULES, "tests.support.workflows", "tests.support.versioned"]
+# The test workflows; a process started by a test may leave one out (RECOVERY_TEST_WORKFLOW_MODULES:
+# a deploy that dropped test_versioned v1, say).
+RECOVERY_WORKFLOW_MODULES = [
+    *RECOVERY_WORKFLOW_MODULES,
+    *os.environ.get(
+        "RECOVERY_TEST_WORKFLOW_MODULES", "tests.support.workflows,tests.support.versioned,tests.support.versioned_v1"
+    ).split(","),
+]
 # The engine's test workflows act on their decisions unguarded on purpose (test_policy is the
 # guarded one): their warning would print on every command the tests run.
 SILENCED_SYSTEM_CHECKS = [*SILENCED_SYSTEM_CHECKS, "recovery.W001"]

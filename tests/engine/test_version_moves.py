@@ -18,7 +18,7 @@ from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from recovery.workflow import get_workflow, idempotency_key
 from tests.support import receivers
 from tests.support.engine import assert_invariants, crash_at, drive, person
-from tests.support.versioned import versioned_v1
+from tests.support.versioned_v1 import versioned_v1
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

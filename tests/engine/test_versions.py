@@ -20,7 +20,7 @@ from recovery.why import why_not_moving
 from recovery.workflow import VersionNotDeployed, get_workflow
 from tests.support import receivers
 from tests.support.engine import assert_invariants
-from tests.support.versioned import versioned_v1
+from tests.support.versioned_v1 import versioned_v1
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,7 +1,8 @@
 """A workflow with two versions side by side, against the counting receivers.
 
 v2 (current): read -> check (new in v2: reads, writes nothing) -> create_task -> post_entry.
-v1 (kept until its runs drain): the same without ``check``, as ``derive`` makes it.
+v1 (kept until its runs drain): the same without ``check``, in tests/support/versioned_v1.py, so
+that a process can be started without it (a deploy that dropped v1: the rolling deploy test).
 """
 
 from pydantic import BaseModel
@@ -67,6 +68,3 @@ def _(ctx):
 @post_entry.lookup
 def _(ctx):
     return receivers.find_entry(reference=ctx.workflow_id)
-
-
-versioned_v1 = versioned.derive(version=1, without=["check"])
