@@ -7,6 +7,7 @@ import json
 from io import StringIO
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.test import Client
 
@@ -203,3 +204,21 @@ def test_the_metrics_count_unfinished_runs_per_version_and_say_which_are_not_dep
         line for line in out.getvalue().splitlines() if 'cause="version_not_deployed"' in line and "test_v" in line
     ]
     assert stuck == ['recovery_stuck_runs{cause="version_not_deployed",workflow="test_versioned"} 1.0']
+
+
+def test_a_celery_task_that_reaches_a_worker_without_the_version_neither_drops_nor_parks_the_run(clock, undeploy):
+    """The worker does not claim it; the run stays as it was, due, and the sweeper queues it again
+    (for a worker that has the version) once the task it sent is presumed lost."""
+    from recovery import tasks
+    from recovery.engine import transitions
+
+    run = start(1)
+    WorkflowRun.objects.filter(pk=run.pk).update(dispatched_at=clock.now())  # a task was queued for it
+    undeploy("test_versioned", 1)
+    tasks.advance_run(run.pk)
+    run.refresh_from_db()
+    assert run.state == RunState.PENDING and run.lease_owner == "" and run.dispatched_at is not None
+    assert not AuditEvent.objects.filter(run=run).exclude(action="start").exists()
+    assert run.pk not in transitions.runs_dispatch(limit=10)  # its task may still be on its way
+    clock.advance(settings.RECOVERY_REDISPATCH_SECONDS + 1)
+    assert run.pk in transitions.runs_dispatch(limit=10)
