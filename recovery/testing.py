@@ -66,6 +66,7 @@ from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import TERMINAL_RUN_STATES, run_compensate, run_start
 from recovery.errors import PermanentError, RateLimited, TransientError, UnknownOutcome
 from recovery.models import OutboxMessage, OutboxState, RunState, StepExecution, StepState, WorkflowRun
+from recovery.replay import Replayed, assert_replayable, load_recorded, replay  # noqa: F401  (replay before deploy)
 from recovery.workflow import JOURNAL_SEPARATOR, Rerun, StepSpec, Workflow, get_workflow, is_journal_name, turn_name
 
 CRASH = "crash"

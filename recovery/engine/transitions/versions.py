@@ -119,6 +119,31 @@ def drift(rows: list[StepExecution], workflow: Workflow) -> str:
     )
 
 
+def continuation(
+    run: WorkflowRun, rows: list[StepExecution], workflow: Workflow, decisions: dict[str, ModelDecision]
+) -> list[str]:
+    """Why ``workflow`` (the definition of the run's own version in some code) could not continue
+    the run from these checkpoints (none: it can): its step list, and for each step begun its key
+    version, its agent's tools and its accepted decision against today's schema; and every key
+    as the code would derive it. What a replay before a deploy checks (recovery.replay)."""
+    problems = [changed] if (changed := drift(rows, workflow)) else []
+    names = {s.name: s for s in workflow.steps}
+    scratch = MovePlan(source=run.workflow_version, target=workflow.version)
+    for row in sorted(rows, key=lambda r: r.order):
+        if row.idempotency_key != idempotency_key(run.workflow_id, row.step_name, row.key_version):
+            problems.append(f"{row.step_name}: its key is not the one this code derives for its key version")
+        if is_journal_name(row.step_name) or not _begun(row) or row.step_name not in names:
+            continue
+        why = _incompatible(row, names[row.step_name], workflow, rows, decisions, scratch)
+        if why:
+            problems.append(why)
+    problems += [
+        f"{e['step']}: made under key version {e['key_version']}; this code declares {e['to']} for it"
+        for e in scratch.effects
+    ]
+    return problems
+
+
 def _begun(row: StepExecution) -> bool:
     return row.state != StepState.PENDING or bool(row.attempts or row.refusal or row.next_attempt_at)
 
