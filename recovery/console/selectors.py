@@ -44,6 +44,8 @@ def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
         "steps": [
             {
                 "name": s.step_name,
+                "position": s.position,
+                "key_version": s.key_version,
                 "state": s.state,
                 "attempts": s.attempts,
                 "idempotency_key": s.idempotency_key,
@@ -57,6 +59,12 @@ def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
             }
             for s in steps
         ],
+        # The accepted decision of each model step: with the steps, what a replay before a deploy
+        # checks against the code (recovery.replay).
+        "decisions": {
+            d.step_name: {"version": d.version, "schema_version": d.schema_version, "accepted": d.accepted}
+            for d in run.decisions.filter(state=DecisionState.ACCEPTED)
+        },
         "audit": [
             {
                 "at": e.at.isoformat(),

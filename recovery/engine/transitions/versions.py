@@ -145,7 +145,8 @@ def continuation(
 
 
 def _begun(row: StepExecution) -> bool:
-    return row.state != StepState.PENDING or bool(row.attempts or row.refusal or row.next_attempt_at)
+    """Whether anything was sent for the step: a guard's refusal, or a deferred check, sent nothing."""
+    return row.state != StepState.PENDING or row.attempts > 0
 
 
 def move_plan(
