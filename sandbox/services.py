@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -136,11 +136,41 @@ def create_task(*, key: str, title: str, assignee: str, payload: dict) -> Reply:
     return Reply(record.response_status, record.response_body)
 
 
-def find_tasks(*, idempotency_key: str | None) -> Reply:
+def find_tasks(
+    *,
+    idempotency_key: str | None = None,
+    tenant: str | None = None,
+    amount: Decimal | None = None,
+    currency: str | None = None,
+) -> Reply:
+    """Tasks by idempotency key (any status: a look-up must find a cancelled task too), or a
+    search of the open tasks by their payload's ``tenant``, ``amount`` and ``currency`` (each
+    optional, all given must match). Payload amounts are whatever the creator sent ("1840.00",
+    "1840.0", 1840): they are compared as decimals, so the same sum always matches."""
     tasks = Task.objects.using(DB).all()
     if idempotency_key is not None:
         tasks = tasks.filter(idempotency_key=idempotency_key)
+    if tenant is None and amount is None and currency is None:
+        return results(tasks)
+    tasks = tasks.filter(status=TaskStatus.OPEN)
+    if tenant is not None:
+        tasks = tasks.filter(payload__tenant=tenant)
+    if currency is not None:
+        tasks = tasks.filter(payload__currency=currency)
+    if amount is not None:
+        tasks = [task for task in tasks if _decimal(task.payload.get("amount")) == amount]
     return results(tasks)
+
+
+def _decimal(value) -> Decimal | None:
+    """A payload's amount as a decimal, or None when it is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float, Decimal)):
+        return None
+    try:
+        number = Decimal(str(value).strip())
+    except InvalidOperation:
+        return None
+    return number if number.is_finite() else None
 
 
 def cancel_task(task_id: str, *, reason: str) -> Reply:

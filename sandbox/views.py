@@ -119,11 +119,25 @@ def currency_field(body: dict) -> str:
 # --- Tasks -----------------------------------------------------------------------------
 
 
+def task_search(query) -> dict:
+    """``GET /sandbox/tasks/``'s filters: ``idempotency_key``, and the payload's ``tenant``,
+    ``amount`` (a decimal string, compared as a sum: "1840" finds "1840.00") and ``currency``,
+    which search the open tasks only (``services.find_tasks``)."""
+    search: dict = {"idempotency_key": query.get("idempotency_key")}
+    if "tenant" in query:
+        search["tenant"] = required_str(query, "tenant")
+    if "amount" in query:
+        search["amount"] = amount_field(query)
+    if "currency" in query:
+        search["currency"] = currency_field(query)
+    return search
+
+
 @json_endpoint("GET", "POST")
 def tasks(request: HttpRequest) -> Reply:
     if request.method == "GET":
-        key = request.GET.get("idempotency_key")
-        return services.run_faultable("tasks", "find", lambda: services.find_tasks(idempotency_key=key))
+        search = task_search(request.GET)
+        return services.run_faultable("tasks", "find", lambda: services.find_tasks(**search))
     key = request.headers.get("Idempotency-Key", "").strip()
     if not key:
         raise BadRequest("missing Idempotency-Key header")

@@ -83,6 +83,54 @@ def test_tasks_are_found_by_idempotency_key_and_an_unknown_key_finds_none(api):
     assert api.get("/sandbox/tasks/", {"idempotency_key": "nope"}).json() == {"results": []}
 
 
+def test_open_tasks_are_searched_by_their_payloads_tenant_amount_and_currency_as_sums(api):
+    def task(key, status="open", **payload):
+        body = {"title": key, "assignee": "alice", "payload": {"tenant": "acme", "currency": "EUR", **payload}}
+        created = create_task(api, key=key, body=body).json()
+        if status == "cancelled":
+            post(api, f"/sandbox/tasks/{created['id']}/cancel", {"reason": "withdrawn"})
+        return created["id"]
+
+    as_string, as_number = task("string", amount="1840.00"), task("number", amount=1840)
+    task("cancelled", status="cancelled", amount="1840.00")
+    task("other-tenant", amount="1840.00", tenant="globex")
+    task("other-currency", amount="1840.00", currency="USD")
+    task("other-amount", amount="1840.01")
+    task("no-amount")
+
+    found = api.get("/sandbox/tasks/", {"tenant": "acme", "amount": "1840", "currency": "EUR"})
+    assert found.status_code == 200
+    assert [t["id"] for t in found.json()["results"]] == [as_string, as_number]
+    assert len(api.get("/sandbox/tasks/", {"tenant": "acme"}).json()["results"]) == 5  # every open one of acme
+    assert api.get("/sandbox/tasks/", {"tenant": "initech"}).json() == {"results": []}
+    # A look-up by key still finds a cancelled task: reconciling must see it.
+    assert api.get("/sandbox/tasks/", {"idempotency_key": "cancelled"}).json()["results"][0]["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "query,message",
+    [
+        ({"amount": "lots"}, "'amount' must be a decimal string"),
+        ({"amount": "1.234"}, "at most 2 decimal places"),
+        ({"currency": "euro"}, "'currency' must be a three-letter code"),
+        ({"tenant": ""}, "'tenant' must be a non-empty string"),
+    ],
+)
+def test_a_malformed_search_is_a_400_before_any_fault_is_consumed(api, query, message):
+    faults.set_fault("tasks", "find", "unavailable")
+    response = api.get("/sandbox/tasks/", query)
+    assert response.status_code == 400 and message in response.json()["error"]
+    assert Fault.objects.get().remaining == 1
+
+
+def test_a_fault_on_find_breaks_the_search_as_it_breaks_the_look_up_by_key(api):
+    run_sandbox("fault", "tasks", "find", "unavailable", "--times", "2")
+    query = {"tenant": "acme", "amount": "1840.00", "currency": "EUR"}
+    assert api.get("/sandbox/tasks/", query).status_code == 503
+    assert api.get("/sandbox/tasks/", {"idempotency_key": "k"}).status_code == 503
+    assert api.get("/sandbox/tasks/", query).json() == {"results": []}
+
+
 def test_cancelling_is_idempotent_and_keeps_the_first_reason(api):
     task_id = create_task(api).json()["id"]
     first = post(api, f"/sandbox/tasks/{task_id}/cancel", {"reason": "duplicate invoice"})
