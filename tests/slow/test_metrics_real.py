@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from recovery import clock
 from recovery.models import RunState, StepState, WorkflowRun
+from recovery.workflow import get_workflow
 from sandbox import faults
 from tests.slow.conftest import manage, wait_for
 from tests.support.engine import free_port, subprocess_env
@@ -149,7 +150,7 @@ def test_a_scrape_adds_up_every_process_counters_exactly(tmp_path, metrics_env, 
     claims = run.audit_events.filter(action__in=["claim", "lease_takeover"]).count()
     assert scraped[_key("recovery_step_schedule_to_start_seconds_count")] == claims
     timed = {dict(k[1])["step"] for k in scraped if k[0] == "recovery_step_duration_seconds_count"}
-    assert timed == {"read_invoice", "classify", "create_approval_task", "notify_approver", "post_ledger_entry"}
+    assert timed == {s.name for s in get_workflow("invoice").steps}
 
     families = _families(gunicorn)
     runs = {s.labels["state"]: s.value for s in families["recovery_runs"].samples if s.labels["workflow"] == "invoice"}

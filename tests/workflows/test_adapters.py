@@ -75,6 +75,27 @@ def test_a_read_whose_answer_is_lost_is_simply_retried():
     assert kind_of(lambda: adapters.find_task(key="k", client=raising(httpx.ReadTimeout))) == ErrorKind.TRANSIENT
 
 
+def test_the_search_for_open_tasks_is_a_read_sending_its_filters_and_naming_each_tasks_invoice():
+    seen = []
+
+    def handler(request):
+        seen.append(dict(request.url.params))
+        return httpx.Response(200, json={"results": [{"id": "task_3", "payload": {"invoice_id": "inv-1"}}]})
+
+    found = adapters.find_open_tasks(tenant="acme", amount="1840.00", currency="EUR", client=client(handler))
+    assert found == [{"task_id": "task_3", "invoice_id": "inv-1"}]
+    assert seen == [{"tenant": "acme", "amount": "1840.00", "currency": "EUR"}]
+    search = adapters.find_open_tasks
+    assert (
+        kind_of(lambda: search(tenant="a", amount="1", currency="EUR", client=responding(503))) == ErrorKind.TRANSIENT
+    )
+    assert (
+        kind_of(lambda: search(tenant="a", amount="1", currency="EUR", client=responding(403))) == ErrorKind.PERMANENT
+    )
+    lost = raising(httpx.ReadTimeout)
+    assert kind_of(lambda: search(tenant="a", amount="1", currency="EUR", client=lost)) == ErrorKind.TRANSIENT
+
+
 def test_the_idempotency_key_is_sent_as_a_header():
     seen = {}
 

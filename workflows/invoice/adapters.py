@@ -136,6 +136,22 @@ def find_task(*, key: str, client: SandboxClient | None = None) -> Outcome | Non
     return _task_outcome(task) if task else None
 
 
+def find_open_tasks(
+    *, tenant: str, amount: str, currency: str, client: SandboxClient | None = None
+) -> list[dict[str, Any]]:
+    """The tracker's open tasks whose payload has this tenant, amount and currency (a read:
+    a lost answer is transient, never unknown). Each as ``{"task_id", "invoice_id"}``."""
+    response = (client or SandboxClient()).request(
+        "GET",
+        "/sandbox/tasks/",
+        what="search open tasks",
+        changes_state=False,
+        params={"tenant": tenant, "amount": amount, "currency": currency},
+    )
+    found = response.json().get("results") or []
+    return [{"task_id": task["id"], "invoice_id": (task.get("payload") or {}).get("invoice_id")} for task in found]
+
+
 def cancel_task(*, task_id: str, reason: str, client: SandboxClient | None = None) -> Outcome:
     """Idempotent at the receiver: cancelling a cancelled task returns it unchanged."""
     response = (client or SandboxClient()).request(

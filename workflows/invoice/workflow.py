@@ -1,7 +1,9 @@
-"""The seed's invoice workflow: read → classify → create approval task → notify approver →
-post ledger entry, with its recovery contract (the contract table) and its guards: the model
-proposes, and before anything is written the proposal must match what the invoice itself says
-(amount, currency), the approval policy (approver, category), and the ledger's current state."""
+"""The seed's invoice workflow, v2: read → classify → check for a duplicate → create approval
+task → notify approver → post ledger entry, with its recovery contract (the contract table) and
+its guards: the model proposes, and before anything is written the proposal must match what the
+invoice itself says (amount, currency), the approval policy (approver, category), the ledger's
+current state, and no open approval task of another invoice may claim the same sum. v1, without
+the duplicate check, is kept in ``v1.py`` until its runs have drained."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ LEDGER_POLICY = RetryPolicy(initial_interval=5, maximum_interval=300, maximum_at
 
 invoice = Workflow(
     "invoice",
-    version=1,
+    version=2,
     input_schema=InvoiceEvent,
     workflow_id=lambda event: f"invoice:{event['tenant']}:{event['invoice_id']}",
     description="Classify a supplier invoice, open an approval task, notify the approver, post the ledger entry.",
@@ -65,6 +67,28 @@ def classify(ctx):
 @classify.intent
 def _(ctx):
     return {"invoice_id": ctx.input["invoice_id"], "text": ctx.result("read_invoice")["text"]}
+
+
+@invoice.step(effect="none", rerun=Rerun.YES, retry=READ_POLICY)
+def check_duplicate(ctx):
+    """Ask the tracker for open approval tasks of other invoices of this tenant with the
+    decided amount and currency: the same bill sent twice under two numbers (new in v2)."""
+    return duplicates(ctx.input, ctx.result("classify"))
+
+
+def duplicates(event: dict, decision: dict) -> dict:
+    """What the tracker holds open for the same tenant, amount and currency under another
+    invoice id: ``{"duplicate_of": [invoice ids], "tasks": [task ids], "amount", "currency"}``
+    (empty lists when none), the amount and currency being those asked about."""
+    amount = _cents(decision["amount"])
+    found = adapters.find_open_tasks(tenant=event["tenant"], amount=amount, currency=decision["currency"])
+    others = [task for task in found if task["invoice_id"] != event["invoice_id"]]
+    return {
+        "duplicate_of": sorted({task["invoice_id"] or task["task_id"] for task in others}),
+        "tasks": [task["task_id"] for task in others],
+        "amount": amount,
+        "currency": decision["currency"],
+    }
 
 
 # --- guards: checked before every write that acts on the decision -------------------------
@@ -141,6 +165,31 @@ def _(ctx):
         raise PolicyRefusal(
             "invoice_open_in_ledger", f"invoice {ctx.input['invoice_id']} is {state}", {"ledger": state}
         )
+
+
+@create_approval_task.guard("not_a_duplicate")
+def _(ctx):
+    """No approval task is open for another invoice of this tenant with the same amount and
+    currency, as ``check_duplicate`` found (asked again if the decision changed since the check).
+    A v1 run has no ``check_duplicate`` result (``ctx.results.get("check_duplicate")`` is None):
+    the guard passes, as v1 never checked."""
+    checked = ctx.results.get("check_duplicate")
+    if checked is None:
+        return
+    if (checked["amount"], checked["currency"]) != (_cents(ctx.decision["amount"]), ctx.decision["currency"]):
+        checked = duplicates(ctx.input, ctx.decision)
+    if checked["duplicate_of"]:
+        raise PolicyRefusal(
+            "not_a_duplicate",
+            f"invoice {ctx.input['invoice_id']} may duplicate {', '.join(checked['duplicate_of'])}: an approval "
+            f"task ({', '.join(checked['tasks'])}) is open for {checked['amount']} {checked['currency']} "
+            f"of {ctx.input['tenant']}",
+            {key: checked[key] for key in ("duplicate_of", "tasks", "amount", "currency")},
+        )
+
+
+def _cents(amount) -> str:
+    return str(Decimal(str(amount)).quantize(Decimal("0.01")))
 
 
 @create_approval_task.compensate(who="supervisor")
