@@ -12,7 +12,7 @@ from django.db.models import Q, Value
 from django.db.models.functions import StrIndex, Upper
 from django.utils.timezone import localtime
 
-from recovery import counts
+from recovery import counts, registry
 from recovery.counts import STUCK_LABELS, stuck_causes
 from recovery.models import (
     DecisionState,
@@ -93,6 +93,7 @@ class RunFilters:
 
     state: str = ""
     workflow: str = ""
+    version: int | None = None  # the workflow version the runs execute on (of any workflow, unless one is chosen)
     stuck: str = ""  # a cause from STUCK_LABELS, or "any"
     q: str = ""  # a part of a workflow id, business key or remote reference; the beginning of a key
     key: str = ""  # business key: the beginning of the workflow id, e.g. "invoice:tenant-42"
@@ -111,6 +112,7 @@ class RunFilters:
         return cls(
             state=state if state in RunState.values else "",
             workflow=text("workflow", 100),
+            version=_version(text("version", 20)),
             stuck=stuck if stuck in STUCK_LABELS or stuck == "any" else "",
             q=text("q"),
             key=text("key"),
@@ -133,7 +135,9 @@ class RunFilters:
         if self.stuck:
             parts.append("stuck" if self.stuck == "any" else f"stuck: {STUCK_LABELS[self.stuck].lower()}")
         if self.workflow:
-            parts.append(f"of {self.workflow}")
+            parts.append(f"of {self.workflow}" + (f" v{self.version}" if self.version is not None else ""))
+        elif self.version is not None:
+            parts.append(f"on version {self.version}")
         if self.key:
             parts.append(f"whose business key begins {self.key}")
         if self.age:
@@ -153,6 +157,8 @@ class RunFilters:
             qs = qs.filter(state=self.state)
         if self.workflow:
             qs = qs.filter(workflow_name=self.workflow)
+        if self.version is not None:
+            qs = qs.filter(workflow_version=self.version)
         if self.key:
             qs = qs.filter(workflow_id__startswith=self.key)
         if self.age:
@@ -258,6 +264,13 @@ def _cursor(value: str) -> int | None:
     return cursor if cursor <= MAX_CURSOR else None
 
 
+def _version(value: str) -> int | None:
+    """A workflow version from the URL ("2", or "v2" as the console writes it): up to 9 ASCII
+    digits; anything else means no version filter, as a bad state or age does."""
+    value = value.removeprefix("v")
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else None
+
+
 RUN_LIST_FIELDS = (
     "pk",
     "workflow_id",
@@ -306,6 +319,29 @@ def unregistered(workflows: list[str]) -> set[str]:
     from recovery.workflow import all_workflows
 
     return set(workflows) - {wf.name for wf in all_workflows()}
+
+
+def version_choices(filters: RunFilters, *, now: datetime) -> list[tuple[int, str]]:
+    """The runs list's version filter: the versions this deployment has and those of runs stuck
+    because their version is not deployed (stuck_causes: in flight, so one short walk of the
+    runs in progress, run_in_progress_idx; never a count); of the chosen workflow only, each
+    marked current or not deployed, when a workflow is chosen. The version the filter holds is
+    always among them."""
+    stranded = WorkflowRun.objects.filter(stuck_causes(now)["version_not_deployed"][1])
+    pairs = {(w.name, w.version) for w in registry.all_versions()}
+    pairs |= set(stranded.values_list("workflow_name", "workflow_version").distinct().order_by())
+    if filters.workflow:
+        current = registry.current_version(filters.workflow)
+        choices = {
+            v: f"v{v}" + (" (current)" if v == current else "" if registry.has(name, v) else " (not deployed)")
+            for name, v in pairs
+            if name == filters.workflow
+        }
+    else:
+        choices = {v: f"v{v}" for _, v in pairs}
+    if filters.version is not None:
+        choices.setdefault(filters.version, f"v{filters.version}")
+    return sorted(choices.items())
 
 
 # --- one run ---------------------------------------------------------------------------

@@ -137,7 +137,11 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         # their counts (a third of the page's SQL) follow in the counts part's own request.
         context.update(counting=True, **selectors.uncounted())
         workflows = selectors.workflow_names()  # the filter's choices, old runs' names included
-        context.update(workflows=workflows, unregistered=selectors.unregistered(workflows))
+        context.update(
+            workflows=workflows,
+            unregistered=selectors.unregistered(workflows),
+            version_choices=selectors.version_choices(filters, now=now),
+        )
     return render(request, f"console/runs.html#{partial}" if partial else "console/runs.html", context)
 
 

@@ -34,8 +34,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # Session, user, role, the page of runs, their steps and approval requests (for "why"); the
 # counts come in the counts part's own request: the state counts in one query, the stuck
 # causes in one more. The whole page also reads the workflow names its runs have (the filter's
-# choices: old runs of a workflow no longer registered included), one index entry per name.
-RUNS_PAGE_QUERIES = 7
+# choices: old runs of a workflow no longer registered included), one index entry per name, and
+# the versions of runs stuck because their version is not deployed (the version filter's choices
+# beside the registered ones: a short walk of the runs in progress, no count).
+RUNS_PAGE_QUERIES = 8
 RUNS_TABLE_QUERIES = 6  # an htmx refresh of the table: no filter form
 COUNTS_QUERIES = 5  # the counts part (on load, and its refresh): no page of runs
 # Session, user, role, the run, its steps, audit events, decisions, outbox, alerts (their deliveries
