@@ -321,6 +321,30 @@ def unregistered(workflows: list[str]) -> set[str]:
     return set(workflows) - {wf.name for wf in all_workflows()}
 
 
+def workflow_versions(workflows: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Per workflow (``workflows`` first, then any other name unfinished runs hold), every
+    version this deployment has or unfinished runs execute on, oldest first: ``{"version",
+    "runs"`` (not finished), ``"oldest"`` (when the oldest of them started, or None),
+    ``"deployed", "current"}``. One query (``counts.unfinished_by_version``); a version only
+    finished runs hold is not listed (nothing waits on it)."""
+    unfinished = {(r["workflow"], r["version"]): r for r in counts.unfinished_by_version()}
+    names = list(dict.fromkeys([*workflows, *(name for name, _ in unfinished)]))
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name in names:
+        numbers = sorted({*registry.versions_of(name), *(v for n, v in unfinished if n == name)})
+        found[name] = [
+            {
+                "version": v,
+                "runs": unfinished[(name, v)]["runs"] if (name, v) in unfinished else 0,
+                "oldest": unfinished[(name, v)]["oldest"] if (name, v) in unfinished else None,
+                "deployed": registry.has(name, v),
+                "current": registry.current_version(name) == v,
+            }
+            for v in numbers
+        ]
+    return found
+
+
 def version_choices(filters: RunFilters, *, now: datetime) -> list[tuple[int, str]]:
     """The runs list's version filter: the versions this deployment has and those of runs stuck
     because their version is not deployed (stuck_causes: in flight, so one short walk of the
@@ -540,7 +564,7 @@ class _TimeScale:
 
     def gaps(self, bottom: int) -> list[dict[str, Any]]:
         return [
-            {"x": round((self.x(a) + self.x(b)) / 2, 1), "label": f"+{_duration((b - a).total_seconds())}"}
+            {"x": round((self.x(a) + self.x(b)) / 2, 1), "label": f"+{duration((b - a).total_seconds())}"}
             for a, b in self.long
         ]
 
@@ -559,7 +583,7 @@ class _TimeScale:
         return ticks
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
     minutes = seconds / 60

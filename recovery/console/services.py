@@ -387,11 +387,38 @@ def dashboard(*, now: datetime) -> dict[str, Any]:
         "workflows": workflows,
         "unregistered": selectors.unregistered(workflows),
         "by_workflow": [{"label": label, "cells": cells} for _, label, cells in states + stuck],
+        "versions": version_lines(selectors.workflow_versions(workflows), now=now),
         "engine": _engine_counters(workflows),
         "oldest_undelivered": round(counts.oldest_undelivered(now)),
         "firing": _firing(),
         "now": now,
     }
+
+
+def version_lines(versions: dict[str, list[dict[str, Any]]], *, now: datetime) -> list[dict[str, Any]]:
+    """Per workflow, one line per version (``selectors.workflow_versions``): its runs in flight
+    and the oldest, and what taking it out of the code would do. An older version no run needs
+    is safe to remove; one that runs need but this deployment lacks has stranded them (they
+    wait until it is deployed again or they are moved). The current version is never "safe to
+    remove": new runs start on it."""
+    shown = []
+    for name, found in versions.items():
+        lines = []
+        for v in found:
+            label = f"v{v['version']}" + (" (current)" if v["current"] else "" if v["deployed"] else " (not deployed)")
+            runs = "none in flight"
+            if v["runs"]:
+                runs = f"{v['runs']} in flight, oldest {selectors.duration((now - v['oldest']).total_seconds())}"
+            if not v["deployed"]:
+                kind, then = "stranded", "; stranded: deploy it again, or move them to a deployed version"
+            elif v["current"]:
+                kind, then = "current", ""
+            else:
+                kind, then = ("draining", "; safe to remove at 0") if v["runs"] else ("removable", "; safe to remove")
+            lines.append({**v, "kind": kind, "text": f"{label}: {runs}{then}"})
+        if lines:
+            shown.append({"workflow": name, "versions": lines})
+    return shown
 
 
 FIRING_SHOWN = 20
