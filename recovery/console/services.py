@@ -33,6 +33,7 @@ from recovery.models import (
     AlertState,
     AuditEvent,
     DecisionState,
+    ModelDecision,
     RunState,
     StepExecution,
     StepState,
@@ -249,9 +250,13 @@ def pending_approvals(run: WorkflowRun, workflow, user: AbstractBaseUser) -> lis
     ]
 
 
-# --- bulk ------------------------------------------------------------------------------
+# --- bulk ---------------------------------------------------------------------------
 
 BULK_LIMIT = 500
+
+# The bulk form's actions: those recovery/actions.py marks ``bulk``, and moving runs to another
+# version (a supervisor's), which the table does not mark yet.
+CONSOLE_BULK_ACTIONS = tuple(dict.fromkeys((*BULK_ACTIONS, "move_version")))
 
 
 @dataclass
@@ -261,26 +266,61 @@ class BulkResult:
     refused: list[tuple[str, str]] = field(default_factory=list)
     applied: bool = True  # False for a dry run
     reason: str = ""
+    version: int | None = None  # move_version: the version the runs move to
+    notes: dict[str, str] = field(default_factory=dict)  # a dry run: what it would do to a run in ``done``
 
     @property
     def selected(self) -> int:
         return len(self.done) + len(self.refused)
 
+    @property
+    def title(self) -> str:
+        """The action as the page names it: "resume", "move to v2"."""
+        return f"move to v{self.version}" if self.version is not None else self.action
+
+    @property
+    def listed(self) -> list[tuple[str, str]]:
+        """The runs in ``done``, each with its note ("" without)."""
+        return [(w, self.notes.get(w, "")) for w in self.done]
+
 
 def bulk_choices(user: AbstractBaseUser) -> list[tuple[str, str]]:
-    """The bulk form's actions (recovery.actions), those this user's role may do."""
-    return [(name, ACTIONS[name].label.capitalize()) for name in BULK_ACTIONS if can(user, ACTIONS[name].permission)]
+    """The bulk form's actions (CONSOLE_BULK_ACTIONS), those this user's role may do."""
+    return [
+        (name, ACTIONS[name].label.capitalize()) for name in CONSOLE_BULK_ACTIONS if can(user, ACTIONS[name].permission)
+    ]
 
 
-def bulk_selection(*, action: str, reason: str, workflow_ids: list[str], all_matching: bool, filters) -> tuple:
-    """The checked request of a bulk action: (action, reason, the run ids it is about). "All
-    matching" becomes the list of ids it means now, so that what is confirmed is what was shown."""
-    if action not in BULK_ACTIONS:
-        raise ValueError(f"bulk action must be one of {', '.join(BULK_ACTIONS)}")
+def bulk_targets(user: AbstractBaseUser) -> list[tuple[int, str]]:
+    """The versions the bulk form may move runs to, for a user who may move them: every version
+    number a registered workflow has, with the workflows that have it when not all of them do
+    ("v1", "v2: invoice")."""
+    if not can(user, ACTIONS["move_version"].permission):
+        return []
+    having: dict[int, list[str]] = {}
+    for workflow in registry.all_versions():
+        having.setdefault(workflow.version, []).append(workflow.name)
+    everyone = len({name for names in having.values() for name in names})
+    return [
+        (v, f"v{v}" if len(names) == everyone else f"v{v}: {', '.join(names)}") for v, names in sorted(having.items())
+    ]
+
+
+def bulk_selection(
+    *, action: str, reason: str, workflow_ids: list[str], all_matching: bool, filters, to_version: str | None = None
+) -> tuple:
+    """The checked request of a bulk action: (action, reason, the run ids it is about, the
+    version to move them to: None but for move_version). "All matching" becomes the list of ids
+    it means now, so that what is confirmed is what was shown."""
+    if action not in CONSOLE_BULK_ACTIONS:
+        raise ValueError(f"bulk action must be one of {', '.join(CONSOLE_BULK_ACTIONS)}")
     try:
         reason = transitions.require_reason(reason)  # refused once, not once per run
+        version = parse_version(to_version) if ACTIONS[action].version else None
     except InvalidTransition as exc:
         raise ValueError(str(exc)) from None
+    if ACTIONS[action].version and version is None:
+        raise ValueError("choose the version to move the runs to")
     if all_matching:
         # The newest BULK_LIMIT runs matching the filter (a search's branches each cut to as
         # many, then merged): not limited to the page on screen, whatever its cursor.
@@ -292,19 +332,28 @@ def bulk_selection(*, action: str, reason: str, workflow_ids: list[str], all_mat
     unaddressable = next((w for w in workflow_ids if any(c < " " or c == "\x7f" for c in w)), None)
     if unaddressable is not None:
         raise ValueError(f"a run id cannot contain a line break or another control character: {unaddressable!r}")
-    return action, reason, workflow_ids
+    return action, reason, workflow_ids, version
 
 
-def bulk_preview(*, action: str, reason: str, workflow_ids: list[str], actor: AbstractBaseUser) -> BulkResult:
+def bulk_preview(
+    *, action: str, reason: str, workflow_ids: list[str], actor: AbstractBaseUser, version: int | None = None
+) -> BulkResult:
     """The dry run: for each run, whether the action would apply now and, if not, why (the
-    transitions' own judgement, transitions.why_not). Three queries whatever the number of runs;
-    nothing is written."""
+    transitions' own judgement, transitions.why_not; for a move, also versions.move_plan: what
+    the move would do, or the step the target cannot continue). Three queries whatever the
+    number of runs (a move: four, its accepted decisions too); nothing is written."""
     now = clock.now()
     runs = {r.workflow_id: r for r in WorkflowRun.objects.filter(workflow_id__in=workflow_ids)}
     steps: dict[int, list[StepExecution]] = {}
     for step in StepExecution.objects.filter(run_id__in=[r.pk for r in runs.values()]):
         steps.setdefault(step.run_id, []).append(step)
-    result = BulkResult(action=action, applied=False, reason=reason)
+    moving = ACTIONS[action].version
+    decisions: dict[int, dict[str, ModelDecision]] = {}
+    if moving:
+        accepted = ModelDecision.objects.filter(run_id__in=[r.pk for r in runs.values()], state=DecisionState.ACCEPTED)
+        for decision in accepted:
+            decisions.setdefault(decision.run_id, {})[decision.step_name] = decision
+    result = BulkResult(action=action, applied=False, reason=reason, version=version if moving else None)
     for workflow_id in workflow_ids:
         run = runs.get(workflow_id)
         if run is None:
@@ -319,6 +368,12 @@ def bulk_preview(*, action: str, reason: str, workflow_ids: list[str], actor: Ab
         refused = transitions.why_not(action, situation, step_name=step, actor=actor)
         if refused is None and transitions.needs_approval(run, action):
             refused = InvalidTransition(f"{action} on {run.workflow_name} runs needs a second supervisor's approval")
+        if refused is None and moving:
+            note, why = _move(run, situation.steps, decisions.get(run.pk, {}), version)
+            if why:
+                refused = InvalidTransition(why)
+            else:
+                result.notes[workflow_id] = note
         if refused is None:
             result.done.append(workflow_id)
         else:
@@ -326,14 +381,41 @@ def bulk_preview(*, action: str, reason: str, workflow_ids: list[str], actor: Ab
     return result
 
 
-def bulk_apply(*, action: str, reason: str, workflow_ids: list[str], actor: AbstractBaseUser) -> BulkResult:
+def _move(
+    run: WorkflowRun, steps: list[StepExecution], decisions: dict[str, ModelDecision], version: int | None
+) -> tuple[str, str]:
+    """What moving ``run`` to ``version`` would do ("can move to v2 (adds check)") and "", or ""
+    and why it cannot: the transition's own judgement (versions.move_plan). A run whose finished
+    steps the target gives new keys is refused here: its page asks whether their effects stand."""
+    try:
+        target = registry.get_workflow(run.workflow_name, version)
+    except LookupError as exc:
+        return "", str(exc)
+    plan = transitions.move_plan(run, steps, target, decisions)
+    if not plan.ok:
+        return "", plan.summary()
+    if plan.effects:
+        made = ", ".join(e["step"] for e in plan.effects)
+        return "", (
+            f"v{plan.target} gives {made} a new key version and the run made its effect under the old key: "
+            "move it from its page, saying whether that effect stands"
+        )
+    return plan.summary(), ""
+
+
+def bulk_apply(
+    *, action: str, reason: str, workflow_ids: list[str], actor: AbstractBaseUser, version: int | None = None
+) -> BulkResult:
     """Apply one action with one reason to many runs, each in its own transition (and audit
-    event). Runs where it is not valid (any more) are listed back, untouched."""
-    result = BulkResult(action=action, reason=reason)
+    event; a move to ``version`` only where that version can continue the run, never with
+    effects declared standing). Runs where it is not valid (any more) are listed back, untouched."""
+    result = BulkResult(action=action, reason=reason, version=version)
     for workflow_id in workflow_ids:
         try:
             step = _blocked_step(workflow_id) if ACTIONS[action].step == StepArg.REQUIRED else None
-            transitions.perform(action, workflow_id=workflow_id, step_name=step, actor=actor, reason=reason)
+            transitions.perform(
+                action, workflow_id=workflow_id, step_name=step, actor=actor, reason=reason, version=version
+            )
             result.done.append(workflow_id)
         except (InvalidTransition, WorkflowRun.DoesNotExist) as exc:
             result.refused.append((workflow_id, str(exc)))

@@ -108,6 +108,7 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         "states": WorkflowRun._meta.get_field("state").choices,
         "can_bulk": can(request.user, "bulk"),
         "bulk_actions": services.bulk_choices(request.user),
+        "bulk_targets": services.bulk_targets(request.user),
         "selected": set(request.GET.getlist("run")),
         "select_page": request.GET.get("select") == "page",
         # The parts refresh themselves with the filters and the page only: the selection they
@@ -152,21 +153,23 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
     action applies only when that page's form comes back confirmed, to the runs it listed."""
     filters = selectors.RunFilters.from_params(request.POST)
     try:
-        action, reason, workflow_ids = services.bulk_selection(
+        action, reason, workflow_ids, version = services.bulk_selection(
             action=request.POST.get("action", ""),
             reason=request.POST.get("reason", ""),
             workflow_ids=request.POST.getlist("run"),
             all_matching=request.POST.get("all_matching") == "1",
             filters=filters,
+            to_version=request.POST.get("to_version"),
         )
     except ValueError as exc:
         return _flash(request, str(exc), status=400)
     if not can(request.user, PERMISSION_OF[action]):
         return _flash(request, _not_allowed(request, PERMISSION_OF[action], "runs"), status=403)
+    chosen = {"action": action, "reason": reason, "workflow_ids": workflow_ids, "version": version}
     if request.POST.get("confirm") == "yes":
-        result = services.bulk_apply(action=action, reason=reason, workflow_ids=workflow_ids, actor=request.user)
+        result = services.bulk_apply(**chosen, actor=request.user)
     else:
-        result = services.bulk_preview(action=action, reason=reason, workflow_ids=workflow_ids, actor=request.user)
+        result = services.bulk_preview(**chosen, actor=request.user)
     return render(request, "console/bulk_result.html", {"result": result, "back": filters.query()})
 
 

@@ -216,6 +216,22 @@ MATRIX: list[Row] = [
         changes=True,
     ),
     Row(
+        "console:bulk",
+        "bulk move to another version, confirmed",
+        Console(Role.SUPERVISOR),
+        {"POST": 200},
+        url=lambda w: "/bulk",
+        body=lambda w: {
+            "action": "move_version",
+            "to_version": "2",
+            "reason": "matrix",
+            "run": [w.versioned.workflow_id],
+            "confirm": "yes",
+        },
+        changes=True,
+        needs="versioned",
+    ),
+    Row(
         "demo",
         "demo: arm a fault",
         Console(Role.SUPERVISOR),
