@@ -267,6 +267,12 @@ class StepSpec:
         """Whether the step has an effect a repeat could double (or a local write)."""
         return self.outbox or self.local or self.rerun != Rerun.YES
 
+    @property
+    def reads(self) -> bool:
+        """A plain read: no effect anywhere and no model asked, so it may simply be made again
+        (a check built from a decision that an operator then replaced, say)."""
+        return not self.writes and not self.asks_model
+
     def call_timeout(self) -> float:
         """Seconds the step's call waits for an answer before its outcome is unknown."""
         timeout = self.timeout() if callable(self.timeout) else self.timeout

@@ -174,6 +174,10 @@ def test_a_wrong_proposal_stops_before_the_first_write_and_a_supervisor_fixes_it
     assert [(d.version, d.state) for d in versions] == [(1, DecisionState.SUPERSEDED), (2, DecisionState.ACCEPTED)]
     supersede = AuditEvent.objects.get(run=run, action="decision_supersede")
     assert supersede.actor == "u-supervisor" and supersede.after["decision"]["approver"] == "cfo@example.com"
+    # The duplicate check read the tracker for the old decision: it was made again for the new one.
+    assert supersede.after["read_again"] == ["check_duplicate"]
+    check = run.steps.get(step_name="check_duplicate").result
+    assert (check["amount"], check["currency"], check["duplicate_of"]) == ("18960.00", "EUR", [])
 
 
 @pytestmark_db

@@ -272,7 +272,18 @@ def _decision(s: Situation, step_name: str | None, actor) -> str:
         return f"{step_name} is not a model step: it has no decision to replace"
     if step.state != StepState.SUCCEEDED:
         return f"step {step_name} has no accepted decision"
-    acted = next((o for o in s.steps if o.order > step.order and (o.state != StepState.PENDING or o.attempts)), None)
+    # A later read is made again from the new decision (decision_supersede): only a step that may
+    # have sent something built from the old one stops the change.
+    acted = next(
+        (
+            o
+            for o in s.steps
+            if o.order > step.order
+            and (o.state != StepState.PENDING or o.attempts)
+            and not s.workflow.get_step(o.step_name).reads
+        ),
+        None,
+    )
     if acted is not None:
         return (
             f"{acted.step_name} already sent a request built from this decision under its idempotency key "

@@ -358,11 +358,23 @@ def decision_supersede(
             after_extra = {"decision_version": version, "decision": accepted}
         _fresh_budget(step)
         _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
+        workflow = workflow_of(run)
+        again = []
         for other in later:
+            fields = []
             if other.refusal or other.overrides or other.last_error_kind:
                 _clear_refusal(other)
                 other.overrides = []
-                _save_step(other, ["refusal", "overrides", "last_error_kind", "last_error"], now, actor)
+                fields += ["refusal", "overrides", "last_error_kind", "last_error"]
+            if other.state != StepState.PENDING and workflow.get_step(other.step_name).reads:
+                # a read made from the old decision (offers._decision allows only reads here): again
+                other.state = _check(STEP_TRANSITIONS, "read_again", other.state, "step")
+                other.result, other.remote_ref = None, ""
+                _fresh_budget(other)
+                fields += ["state", "result", "remote_ref", *BUDGET_FIELDS]
+                again.append(other.step_name)
+            if fields:
+                _save_step(other, fields, now, actor)
         reopened = f"decision superseded by {_actor_fields(actor)['actor']}"
         _release_into(run, RunState.PENDING, reason=f"{step_name}: {reopened}")
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
@@ -373,7 +385,7 @@ def decision_supersede(
             step_name=step_name,
             reason=reason,
             before=before,
-            after={**_snap(run, step), **after_extra},
+            after={**_snap(run, step), **after_extra, **({"read_again": again} if again else {})},
             now=now,
         )
         dispatch.enqueue_run(run.pk)

@@ -74,6 +74,8 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "await_settle": (frozenset({StepState.UNKNOWN}), StepState.UNKNOWN),
     "reset": (frozenset({StepState.UNKNOWN, StepState.FAILED}), StepState.PENDING),
     "skip": (frozenset({StepState.PENDING}), StepState.SKIPPED),
+    # a read made from a model decision an operator replaced: made again from the new one
+    "read_again": (frozenset({StepState.SUCCEEDED, StepState.FAILED, StepState.UNKNOWN}), StepState.PENDING),
     # a guard refused the step (or could not read the state it checks) before its intent: nothing sent
     "refuse": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.PENDING),
     # an agent's tool call a guard refused, answered to the model instead of made: nothing sent
