@@ -79,6 +79,7 @@ ACTIONS: dict[str, OperatorAction] = {
             "move_version",
             "run_move_version",
             four_eyes=True,
+            bulk=True,
             version=True,
         ),
     )

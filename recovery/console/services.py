@@ -254,10 +254,6 @@ def pending_approvals(run: WorkflowRun, workflow, user: AbstractBaseUser) -> lis
 
 BULK_LIMIT = 500
 
-# The bulk form's actions: those recovery/actions.py marks ``bulk``, and moving runs to another
-# version (a supervisor's), which the table does not mark yet.
-CONSOLE_BULK_ACTIONS = tuple(dict.fromkeys((*BULK_ACTIONS, "move_version")))
-
 
 @dataclass
 class BulkResult:
@@ -285,10 +281,8 @@ class BulkResult:
 
 
 def bulk_choices(user: AbstractBaseUser) -> list[tuple[str, str]]:
-    """The bulk form's actions (CONSOLE_BULK_ACTIONS), those this user's role may do."""
-    return [
-        (name, ACTIONS[name].label.capitalize()) for name in CONSOLE_BULK_ACTIONS if can(user, ACTIONS[name].permission)
-    ]
+    """The bulk form's actions (recovery.actions), those this user's role may do."""
+    return [(name, ACTIONS[name].label.capitalize()) for name in BULK_ACTIONS if can(user, ACTIONS[name].permission)]
 
 
 def bulk_targets(user: AbstractBaseUser) -> list[tuple[int, str]]:
@@ -312,8 +306,8 @@ def bulk_selection(
     """The checked request of a bulk action: (action, reason, the run ids it is about, the
     version to move them to: None but for move_version). "All matching" becomes the list of ids
     it means now, so that what is confirmed is what was shown."""
-    if action not in CONSOLE_BULK_ACTIONS:
-        raise ValueError(f"bulk action must be one of {', '.join(CONSOLE_BULK_ACTIONS)}")
+    if action not in BULK_ACTIONS:
+        raise ValueError(f"bulk action must be one of {', '.join(BULK_ACTIONS)}")
     try:
         reason = transitions.require_reason(reason)  # refused once, not once per run
         version = parse_version(to_version) if ACTIONS[action].version else None
