@@ -186,6 +186,9 @@ class StepSpec:
     position: int
     decision_schema: type[pydantic.BaseModel] | None = None
     schema_version: int = 1
+    # schema version k -> a function turning a decision accepted under k into one of k + 1: how a
+    # run moved to this version keeps its decision (recovery.engine.transitions.versions)
+    decision_migrations: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = field(default_factory=dict)
     keep_invalid_output: bool = True
     intent_fn: Callable[[StepContext], dict[str, Any]] | None = None
     lookup_fn: Callable[[StepContext], Outcome | None] | None = None
@@ -640,11 +643,20 @@ class Workflow:
         keep_invalid_output: bool = True,
         name: str | None = None,
         timeout: float | Callable[[], float | None] | None = None,
+        migrate: Mapping[int, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
     ) -> Callable[[Callable], StepSpec]:
         """Declare a model step. It returns a *proposal* (JSON text or a dict); the engine
         validates it against ``schema``, stores the accepted decision before any later
         step can use it, and reuses it on every re-run. ``timeout``: the model call's own (a
-        number of seconds or a function of the settings), checked against the lease."""
+        number of seconds or a function of the settings), checked against the lease.
+
+        ``migrate``: ``{k: fn}`` turns a decision accepted under schema version k into one of
+        version k + 1 (a dict in, a dict out), so that a run moved to this workflow version from
+        an older one keeps its accepted decision, migrated and validated against ``schema``
+        (a new decision version, audited); without it such a move is refused."""
+        steps = dict(migrate or {})
+        if any(not 1 <= k < schema_version for k in steps):
+            raise ValueError(f"migrate: schema versions from 1 to {schema_version - 1}, each to the next")
 
         def decorate(fn: Callable) -> StepSpec:
             spec = self.step(
@@ -652,6 +664,7 @@ class Workflow:
             )(fn)
             spec.decision_schema = schema
             spec.schema_version = schema_version
+            spec.decision_migrations = steps
             spec.keep_invalid_output = keep_invalid_output
             return spec
 

@@ -8,6 +8,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from pydantic import Field
 
 from recovery import registry
 from recovery.engine import transitions
@@ -19,6 +20,7 @@ from recovery.workflow import get_workflow, idempotency_key
 from tests.support import receivers
 from tests.support.engine import assert_invariants, crash_at, drive, person
 from tests.support.versioned_v1 import versioned_v1
+from tests.support.workflows import Decision
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -278,3 +280,57 @@ def test_a_v1_run_crashed_anywhere_then_stranded_by_a_deploy_ends_with_one_objec
     assert len(receivers.CALLS) == (1 if movable else 0)
     assert not AuditEvent.objects.filter(run=run, action="review").exists()
     assert_invariants()
+
+
+# --- a decision under an older schema --------------------------------------------------------
+
+
+class DecisionV2(Decision):
+    currency: str = Field(pattern="^[A-Z]{3}$")
+
+
+def _orders_v2(monkeypatch, *, migrate: bool):
+    """test_orders v2: its model step's schema gained a currency (schema v2), with or without a
+    declared migration of decisions accepted under v1."""
+    monkeypatch.setitem(registry._REGISTRY, "test_orders", dict(registry._REGISTRY["test_orders"]))
+    v2 = get_workflow("test_orders").derive(version=2)
+    migrations = {1: lambda d: {**d, "currency": "EUR"}} if migrate else {}
+    v2.steps[1] = replace(v2.steps[1], decision_schema=DecisionV2, schema_version=2, decision_migrations=migrations)
+    return v2
+
+
+def decided_then_crashed(clock, monkeypatch):
+    run, _ = run_start(workflow="test_orders", data={"tenant": "t", "order_id": "dm-1"})
+    crash_at(monkeypatch, "create_task:before_intent", lambda: advance(run.pk))
+    clock.advance(60)
+    return run
+
+
+def test_a_move_migrates_an_accepted_decision_through_the_migration_the_target_declares(clock, monkeypatch, supervisor):
+    run = decided_then_crashed(clock, monkeypatch)
+    _orders_v2(monkeypatch, migrate=True)
+    said = recover(run.workflow_id, "--to-version", "2", "--dry-run", "--reason", "x", "--as", "sam")
+    assert said.endswith("can move to v2 (migrates the decision of decide)")
+
+    run = move(run, supervisor)
+    decisions = run.decisions.exclude(state="invalid").order_by("version")
+    assert [(d.version, d.state, d.schema_version) for d in decisions] == [(1, "superseded", 1), (2, "accepted", 2)]
+    assert decisions[1].accepted == {**decisions[0].accepted, "currency": "EUR"}
+    assert decisions[0].superseded_reason == "migrated to schema v2 by a move to v2: v1 is gone"
+    assert run.steps.get(step_name="decide").result["currency"] == "EUR"
+    assert AuditEvent.objects.get(run=run, action="move_version").after["decisions_migrated"] == ["decide"]
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 1}  # not asked again
+
+
+def test_a_decision_under_an_older_schema_with_no_migration_refuses_the_move(clock, monkeypatch, supervisor):
+    run = decided_then_crashed(clock, monkeypatch)
+    _orders_v2(monkeypatch, migrate=False)
+    with pytest.raises(
+        InvalidTransition,
+        match="decide's accepted decision was made under schema v1; v2 declares DecisionV2 v2 and no migration from v1",
+    ):
+        move(run, supervisor)
+    assert WorkflowRun.objects.get(pk=run.pk).workflow_version == 1 and moves(run) == 0

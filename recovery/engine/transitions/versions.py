@@ -11,6 +11,7 @@ Steps not begun are free: the target's own list replaces them (added, removed, n
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,6 +24,7 @@ from recovery import clock, registry
 from recovery.engine import dispatch
 from recovery.errors import InvalidTransition
 from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
+from recovery.redaction import redact_text
 from recovery.workflow import (
     StepSpec,
     Workflow,
@@ -39,6 +41,7 @@ from ._core import (
     _audit,
     _check,
     _locked_run_by_id,
+    _redacted,
     _release_into,
     _save_run,
     _save_step,
@@ -75,6 +78,8 @@ class MovePlan:
     # Finished steps whose key version the target changes: their effect (remote reference) was made
     # under the old key; the move keeps it only when the operator says that it stands.
     effects: list[dict[str, Any]] = field(default_factory=list)
+    # Model steps whose accepted decision the target's declared migration turns into one of its schema
+    migrated: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +94,7 @@ class MovePlan:
             f"drops {', '.join(self.removed)}" if self.removed else "",
             f"new keys for {', '.join(self.rekeyed)}" if self.rekeyed else "",
             f"effects made under an old key: {', '.join(e['step'] for e in self.effects)}" if self.effects else "",
+            f"migrates the decision of {', '.join(self.migrated)}" if self.migrated else "",
         ]
         said = "; ".join(c for c in changes if c)
         return f"can move to v{self.target}" + (f" ({said})" if said else "")
@@ -140,6 +146,9 @@ def continuation(
     problems += [
         f"{e['step']}: made under key version {e['key_version']}; this code declares {e['to']} for it"
         for e in scratch.effects
+    ]
+    problems += [
+        f"{name}: its decision's schema changed under this run without a new version" for name in scratch.migrated
     ]
     return problems
 
@@ -210,26 +219,39 @@ def _incompatible(
                 f"in v{v}, and its outcome is {row.state}: settle it first (reconcile, or resolve it), then move"
             )
     if spec.is_decision and row.state == StepState.SUCCEEDED:
-        return _decision_incompatible(name, spec, decisions.get(name), v)
+        return _decision_incompatible(name, spec, decisions.get(name), v, plan)
     return ""
 
 
-def _decision_incompatible(name: str, spec: StepSpec, decision: ModelDecision | None, v: int) -> str:
+def _decision_incompatible(name: str, spec: StepSpec, decision: ModelDecision | None, v: int, plan: MovePlan) -> str:
+    """Whether the accepted decision fits the target's schema, through the migrations the target
+    declares from its schema version (the migrated decision goes in ``plan.migrated``)."""
     if decision is None:
         return ""
     schema = spec.decision_schema
     assert schema is not None
-    if decision.schema_version != spec.schema_version:
-        return (
-            f"{name}'s accepted decision was made under schema v{decision.schema_version}; v{v} declares "
-            f"{schema.__name__} v{spec.schema_version}"
-        )
+    accepted, had = decision.accepted, decision.schema_version
+    if had > spec.schema_version:
+        return f"{name}'s accepted decision was made under schema v{had}, newer than v{v}'s v{spec.schema_version}"
+    for k in range(had, spec.schema_version):
+        migrate = spec.decision_migrations.get(k)
+        if migrate is None:
+            return (
+                f"{name}'s accepted decision was made under schema v{had}; v{v} declares {schema.__name__} "
+                f"v{spec.schema_version} and no migration from v{k}"
+            )
+        try:
+            accepted = migrate(copy.deepcopy(accepted))
+        except Exception as exc:
+            return f"{name}: v{v}'s migration of its decision from schema v{k} failed: {type(exc).__name__}: {exc}"
     try:
-        schema.model_validate(decision.accepted)
+        validated = schema.model_validate(accepted).model_dump(mode="json")
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(map(str, first["loc"])) or "decision"
         return f"{name}'s accepted decision does not fit v{v}'s {schema.__name__} ({where}: {first['msg']})"
+    if had != spec.schema_version:
+        plan.migrated[name] = validated
     return ""
 
 
@@ -301,6 +323,7 @@ def run_move_version(
             )
         before = {**_snap(run), "version": run.workflow_version}
         _apply(run, rows, target, plan, now, actor)
+        _migrate_decisions(run, rows, target, plan, reason, now, actor)
         run.workflow_version = target.version
         fields = ["workflow_version"]
         if run.state not in (RunState.NEEDS_REVIEW, RunState.FAILED):  # those wait for an operator's resume
@@ -316,6 +339,7 @@ def run_move_version(
             ("steps_removed", plan.removed),
             ("keys_changed", plan.rekeyed),
             ("effects_stand", plan.effects),
+            ("decisions_migrated", sorted(plan.migrated)),
             ("steps_now_unknown", abandoned),
         ):
             if value:
@@ -359,3 +383,40 @@ def _apply(
             changed += ["key_version", "idempotency_key"]
         if changed:
             _save_step(row, changed, now, actor)
+
+
+def _migrate_decisions(
+    run: WorkflowRun,
+    rows: list[StepExecution],
+    target: Workflow,
+    plan: MovePlan,
+    reason: str,
+    now: datetime,
+    actor: AbstractBaseUser | None,
+) -> None:
+    """Each decision the target migrates becomes a new accepted version of it under the target's
+    schema (the old one superseded, with why); its step's result follows, as a supersede's does."""
+    by_name = {r.step_name: r for r in rows}
+    for name, migrated in plan.migrated.items():
+        old = ModelDecision.objects.select_for_update().get(run=run, step_name=name, state=DecisionState.ACCEPTED)
+        spec = target.get_step(name)
+        old.state = DecisionState.SUPERSEDED
+        old.superseded_reason = redact_text(
+            f"migrated to schema v{spec.schema_version} by a move to v{target.version}: {reason}"
+        )
+        old.save(update_fields=["state", "superseded_reason"])
+        accepted = _redacted(run, migrated)
+        ModelDecision.objects.create(
+            run=run,
+            step_name=name,
+            version=old.version + 1,
+            state=DecisionState.ACCEPTED,
+            schema_version=spec.schema_version,
+            proposal=None,
+            accepted=accepted,
+            created_at=now,
+        )
+        step = by_name[name]
+        step.result = accepted
+        step.remote_ref = f"decision v{old.version + 1}"
+        _save_step(step, ["result", "remote_ref"], now, actor)
