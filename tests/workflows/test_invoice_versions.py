@@ -201,3 +201,42 @@ def test_the_guard_asks_the_tracker_again_when_the_decision_is_not_the_one_check
     assert refused.value.values["tasks"] == [task["id"]]
 
     assert guard.check(replace(ctx, results={})) is None  # a v1 run: nothing was checked, nothing is refused
+
+
+def test_the_issue_reproduction_a_deploy_without_v1_strands_no_run_and_v1_back_completes_it(clock, undeploy):
+    """Issue 32's reproduction, through the commands: a v1 invoice waits on the ledger's 429; a
+    deploy drops v1: the run is not sent to review, its sentence names the version, check_deploy
+    lists it and exits non-zero; with v1 back, it completes with one object per step."""
+    from django.core.management import CommandError
+
+    from recovery import registry
+    from recovery.engine.executor import advance, run_due
+    from workflows.invoice.v1 import invoice_v1
+
+    run_sandbox("fault", "ledger", "post", "rate_limit", "--times", "1", "--retry-after", "20")
+    out = StringIO()
+    call_command("start_workflow", "invoice", "--version", "1", "--input", json.dumps(event("dep-1")), stdout=out)
+    run = WorkflowRun.objects.get(workflow_id=out.getvalue().strip())
+    advance(run.pk)
+    run.refresh_from_db()
+    assert (run.state, run.workflow_version, run.current_step) == (RunState.WAITING, 1, "post_ledger_entry")
+
+    undeploy("invoice", 1)  # the deploy: this code has invoice v2 only
+    clock.set(run.next_wake_at)
+    assert run_due(owner="v2-only") == 0
+    shown = StringIO()
+    call_command("show_run", run.workflow_id, stdout=shown)
+    assert "why: started under invoice v1; this deployment has v2: deploy v1 again, or move the run" in shown.getvalue()
+    listed = StringIO()
+    with pytest.raises(CommandError, match="this deploy would strand 1 unfinished run"):
+        call_command("check_deploy", stdout=listed)
+    assert "invoice v1 at post_ledger_entry: 1 run(s) (waiting 1;" in listed.getvalue()
+    assert "cannot move to v2: create_approval_task is step 3 of this run and step 4 of v2" in listed.getvalue()
+    run.refresh_from_db()
+    assert run.state == RunState.WAITING and not AuditEvent.objects.filter(run=run, action="review").exists()
+
+    registry._REGISTRY["invoice"][1] = invoice_v1  # v1 deployed again
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED and run.workflow_version == 1
+    assert counts_of(run) == ONE_OF_EACH
+    assert "check_duplicate" not in {s.step_name for s in run.steps.all()}
