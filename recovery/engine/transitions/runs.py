@@ -17,7 +17,7 @@ from recovery import clock, tracing
 from recovery.engine import dispatch, metrics, storage
 from recovery.errors import StartConflict
 from recovery.models import AuditEvent, RunState, StepExecution, WorkflowRun
-from recovery.workflow import Workflow, get_workflow, idempotency_key, payload_hash
+from recovery.workflow import StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
 
 from ._core import (
     RUN_LEASE_FIELDS,
@@ -208,17 +208,19 @@ def _new_run(wf: Workflow, event: _Event, now: datetime, reserve: tuple[str, dat
 
 
 def _new_steps(wf: Workflow, run: WorkflowRun, now: datetime) -> list[StepExecution]:
-    return [
-        StepExecution(
-            run=run,
-            step_name=spec.name,
-            position=spec.position,
-            key_version=spec.key_version,
-            idempotency_key=idempotency_key(run.workflow_id, spec.name, spec.key_version),
-            updated_at=now,
-        )
-        for spec in wf.steps
-    ]
+    return [new_step(run, spec, now) for spec in wf.steps]
+
+
+def new_step(run: WorkflowRun, spec: StepSpec, now: datetime) -> StepExecution:
+    """A step's row as a run gets it before anything is done: pending, under its declared key."""
+    return StepExecution(
+        run=run,
+        step_name=spec.name,
+        position=spec.position,
+        key_version=spec.key_version,
+        idempotency_key=idempotency_key(run.workflow_id, spec.name, spec.key_version),
+        updated_at=now,
+    )
 
 
 def _conflict(workflow_id: str) -> StartConflict:

@@ -49,6 +49,7 @@ from ._core import (
     require_reason,
 )
 from .operator import _four_eyes
+from .runs import new_step
 from .tables import RUN_TRANSITIONS
 
 # A step in these states holds a known outcome (its effect made, undone, or left out).
@@ -364,14 +365,7 @@ def _apply(
     for spec in target.steps:
         row = by_name.get(spec.name)
         if row is None:
-            StepExecution.objects.create(
-                run=run,
-                step_name=spec.name,
-                position=spec.position,
-                key_version=spec.key_version,
-                idempotency_key=idempotency_key(run.workflow_id, spec.name, spec.key_version),
-                updated_at=now,
-            )
+            new_step(run, spec, now).save(force_insert=True)
             continue
         changed = []
         if row.position != spec.position:
