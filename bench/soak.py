@@ -106,7 +106,7 @@ MANAGE = str(ROOT / "manage.py")
 
 ACTIVE_STATES = ("pending", "running", "waiting", "compensating")
 REVIEW_STATES = ("needs_review", "failed", "compensation_failed", "compensated", "terminated")
-STEPS = ("read_invoice", "classify", "create_approval_task", "notify_approver", "post_ledger_entry")
+STEPS = ("read_invoice", "classify", "check_duplicate", "create_approval_task", "notify_approver", "post_ledger_entry")
 EFFECT_STEPS = ("create_approval_task", "notify_approver", "post_ledger_entry")
 # A step state that admits the effect may exist in the remote system.
 EFFECT_MAY_EXIST = ("succeeded", "unknown", "running", "compensating", "compensated", "compensation_failed")

@@ -44,7 +44,6 @@ from recovery import redaction
 from recovery.actions import FOUR_EYES_ACTIONS
 from recovery.errors import PolicyRefusal as PolicyRefusal  # re-exported: a guard raises it
 from recovery.registry import (  # noqa: F401  (re-exported: the registry, as authors and the engine knew it)
-    _REGISTRY,
     VersionNotDeployed,
     all_versions,
     all_workflows,

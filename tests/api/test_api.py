@@ -12,7 +12,7 @@ from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 from django.test import Client
 
-from recovery import workflow as registry
+from recovery import registry
 from recovery.api.tokens import issue_token
 from recovery.api.views import MAX_BODY_BYTES
 from recovery.models import ApiToken, AuditEvent, StepExecution, WorkflowRun

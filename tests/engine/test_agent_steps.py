@@ -463,7 +463,8 @@ def test_stop_and_fork_from_the_shell_go_through_the_same_transitions_and_checks
 def test_a_declaration_that_cannot_be_journaled_is_refused_at_import():
     from pydantic import BaseModel
 
-    from recovery.workflow import _REGISTRY, Workflow
+    from recovery.registry import _REGISTRY
+    from recovery.workflow import Workflow
 
     class Args(BaseModel):
         n: int

@@ -6,7 +6,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
-from recovery import workflow as registry
+from recovery import registry
 from recovery.checks import check_recovery_contracts
 from recovery.workflow import Reconcile, Rerun, Workflow, idempotency_key
 

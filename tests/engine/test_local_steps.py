@@ -161,10 +161,10 @@ def test_a_failed_local_attempt_is_counted_and_retried_within_its_budget(clock, 
 
 
 def test_a_local_step_cannot_also_declare_another_way_to_reconcile(monkeypatch):
-    from recovery import workflow
+    from recovery import registry
     from recovery.workflow import Reconcile, Workflow
 
-    monkeypatch.setattr(workflow, "_REGISTRY", dict(workflow._REGISTRY))  # keep the registry as it was
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # keep the registry as it was
     wf = Workflow("local_bad", version=1, workflow_id=lambda i: "x")
     with pytest.raises(ValueError, match="local step"):
         wf.step(local=True, reconcile=Reconcile.LOOKUP)(lambda ctx: None)

@@ -25,7 +25,8 @@ from recovery.engine import dispatch, executor, storage
 from recovery.engine.transitions import run_claim, run_start, run_start_claimed, runs
 from recovery.errors import StartConflict
 from recovery.models import AuditEvent, RunSearch, RunState, StepExecution, WorkflowRun
-from recovery.workflow import _REGISTRY, Workflow
+from recovery.registry import _REGISTRY
+from recovery.workflow import Workflow
 from tests.support import receivers
 from tests.support.engine import crash_at, drive
 
