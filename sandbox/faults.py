@@ -1,4 +1,5 @@
-"""Scripted faults for the simulated systems, and the clean slate.
+"""Scripted faults for the simulated systems, the clean slate, and the tracker's approvers
+working through tasks (the demo's reset).
 
 Used by the tests, the ``sandbox`` command and the HTTP views (through ``consume_fault``).
 Faults live in the sandbox database, so a fault armed by one process (a test, the command)
@@ -90,6 +91,20 @@ def clear() -> None:
         Message.objects.using(DB).all().delete()
         LedgerEntry.objects.using(DB).exclude(reverses=None).update(reverses=None)
         LedgerEntry.objects.using(DB).all().delete()
+
+
+def finish_tasks(invoices: Iterable[tuple[str, str]]) -> int:
+    """The tracker's assignees work through the open tasks of ``invoices`` ((tenant, invoice id)
+    pairs, as the tasks' payloads name them): each becomes ``done``; returns how many. A done task
+    is no longer open, so a search of the open tasks (a duplicate check) leaves it out, yet it is
+    not cancelled: a look-up by key finds it as before, ``counts`` (of a run too) stays the same,
+    and a compensation may still cancel it."""
+    wanted = set(invoices)
+    tenants = sorted({tenant for tenant, _ in wanted})
+    open_tasks = Task.objects.using(DB).filter(status=TaskStatus.OPEN, payload__tenant__in=tenants)
+    pks = [task.pk for task in open_tasks if (task.payload.get("tenant"), task.payload.get("invoice_id")) in wanted]
+    # Conditional: a task cancelled meanwhile stays cancelled.
+    return Task.objects.using(DB).filter(pk__in=pks, status=TaskStatus.OPEN).update(status=TaskStatus.DONE)
 
 
 def counts(*, keys: Iterable[str] | None = None, reference_prefix: str | None = None) -> dict[str, int]:

@@ -19,6 +19,7 @@ def parse_public_id(prefix: str, public_id: str) -> int | None:
 
 class TaskStatus(models.TextChoices):
     OPEN = "open"
+    DONE = "done"  # worked through by its assignee: no longer open, and not cancelled
     CANCELLED = "cancelled"
 
 

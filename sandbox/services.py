@@ -174,10 +174,11 @@ def _decimal(value) -> Decimal | None:
 
 
 def cancel_task(task_id: str, *, reason: str) -> Reply:
-    """Cancel a task. Idempotent: only an open task changes, so the first reason is kept."""
+    """Cancel a task, open or done. Idempotent: a cancelled task does not change, so the first
+    reason is kept."""
     pk = parse_public_id(Task.PREFIX, task_id)
     with transaction.atomic(using=DB):
-        Task.objects.using(DB).filter(pk=pk, status=TaskStatus.OPEN).update(
+        Task.objects.using(DB).filter(pk=pk).exclude(status=TaskStatus.CANCELLED).update(
             status=TaskStatus.CANCELLED, cancel_reason=reason
         )
         task = Task.objects.using(DB).filter(pk=pk).first()

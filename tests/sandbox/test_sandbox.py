@@ -141,6 +141,37 @@ def test_cancelling_is_idempotent_and_keeps_the_first_reason(api):
     assert faults.counts()["tasks_cancelled"] == 1
 
 
+def test_finished_tasks_are_done_out_of_the_open_search_found_by_key_counted_as_before_and_still_cancellable(api):
+    """The demo's reset (sandbox.faults.finish_tasks): the approvers work through the open tasks of
+    the invoices named, by tenant and invoice id; a done task is neither open nor cancelled."""
+
+    def task(key, tenant, invoice_id, amount="1840.00"):
+        payload = {"tenant": tenant, "invoice_id": invoice_id, "amount": amount, "currency": "EUR"}
+        return create_task(api, key=key, body={"title": key, "assignee": "alice", "payload": payload}).json()["id"]
+
+    finished, other_invoice = task("a", "acme", "INV-1"), task("b", "acme", "INV-2")
+    task("c", "hooli", "INV-1")  # the same invoice id at another tenant
+    withdrawn = task("d", "acme", "INV-3", amount="99.00")
+    post(api, f"/sandbox/tasks/{withdrawn}/cancel", {"reason": "withdrawn"})
+    counted = faults.counts()
+
+    assert faults.finish_tasks([("acme", "INV-1"), ("acme", "INV-3"), ("wayne", "INV-2")]) == 1
+    assert dict(Task.objects.values_list("idempotency_key", "status")) == {
+        "a": "done",
+        "b": "open",
+        "c": "open",
+        "d": "cancelled",  # a cancelled task stays cancelled, with its reason
+    }
+    assert faults.counts() == counted
+    search = api.get("/sandbox/tasks/", {"tenant": "acme", "amount": "1840.00", "currency": "EUR"}).json()
+    assert [t["id"] for t in search["results"]] == [other_invoice]
+    assert api.get("/sandbox/tasks/", {"idempotency_key": "a"}).json()["results"][0]["status"] == "done"
+    assert faults.finish_tasks([("acme", "INV-1")]) == 0  # done already
+    cancelled = post(api, f"/sandbox/tasks/{finished}/cancel", {"reason": "compensated"}).json()
+    assert (cancelled["status"], cancelled["cancel_reason"]) == ("cancelled", "compensated")
+    assert faults.counts() == {**counted, "tasks_cancelled": counted["tasks_cancelled"] + 1}
+
+
 @pytest.mark.parametrize("task_id", ["task_999999", "msg_1", "garbage"])
 def test_cancelling_an_unknown_task_is_a_404(api, task_id):
     response = post(api, f"/sandbox/tasks/{task_id}/cancel", {"reason": "x"})
