@@ -15,8 +15,7 @@ from django.shortcuts import render
 
 from recovery.console.views import permission_required, require_methods
 from recovery.engine import transitions
-from sandbox import faults
-from sandbox.management.commands import seed_demo
+from sandbox import demo_seed, faults
 from sandbox.models import FAULTABLE, Fault, FaultMode
 
 # What the reset started from this page printed: its one line, or its error.
@@ -42,8 +41,8 @@ def demo_context() -> dict[str, Any]:
         "armed": list(Fault.objects.using("sandbox").filter(remaining__gt=0).order_by("created_at")),
         "targets": [f"{service} {op}" for service, ops in FAULTABLE.items() for op in ops],
         "modes": FaultMode.values,
-        "generation": seed_demo.current_generation(),
-        "reset_playing": seed_demo.seed_playing(),
+        "generation": demo_seed.current_generation(),
+        "reset_playing": demo_seed.seed_playing(),
         "reset_log": _last_lines(RESET_LOG),
     }
 
@@ -89,7 +88,7 @@ def start_reset(actor: AbstractBaseUser) -> str:
     """Start ``seed_demo --reset --as ACTOR`` in a process of its own (the seed drives the
     engine's clock, which is one per process; the executors running beside it leave the runs
     it plays alone). Raises ValueError while a seed is playing."""
-    if seed_demo.seed_playing():
+    if demo_seed.seed_playing():
         raise ValueError("a seed is playing the demo right now; reload this page in a minute")
     RESET_LOG.parent.mkdir(parents=True, exist_ok=True)
     argv = ["seed_demo", "--reset", "--as", actor.get_username()]
@@ -103,7 +102,7 @@ def start_reset(actor: AbstractBaseUser) -> str:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # not stopped with this request, nor by a reload of the server
         )
-    generation = seed_demo.generation_after_reset()
+    generation = demo_seed.generation_after_reset()
     ids = f" (ids ending in -r{generation})" if generation > 1 else ""
     return (
         f"reset started by {actor.get_username()}: the demo runs play again as new runs{ids} within a minute or "

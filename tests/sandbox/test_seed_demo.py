@@ -28,8 +28,7 @@ from recovery.models import (
     StepState,
     WorkflowRun,
 )
-from sandbox import demo, faults
-from sandbox.management.commands import seed_demo
+from sandbox import demo, demo_player, demo_seed, faults
 from sandbox.management.commands.seed_demo import DISPUTES, SCENARIOS, sandbox_server
 from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task
 from tests.support.engine import subprocess_env
@@ -206,7 +205,7 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
     # An executor running beside the seed (make run's) tries to take every run the seed plays,
     # between every step it drives, and every message it delivers: the reservation refuses it.
     intruded = []
-    advance, publish = seed_demo.advance, seed_demo.publish
+    advance, publish = demo_player.advance, demo_player.publish
 
     def intruding_advance(run_pk, *, owner):
         intruded.append(transitions.run_claim(run_pk=run_pk, owner="make-run", now=timezone.now()))
@@ -216,8 +215,8 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
         intruded.append(transitions.outbox_claim(pk=pk, owner="make-run", now=timezone.now()))
         return publish(pk, owner=owner)
 
-    monkeypatch.setattr(seed_demo, "advance", intruding_advance)
-    monkeypatch.setattr(seed_demo, "publish", intruding_publish)
+    monkeypatch.setattr(demo_player, "advance", intruding_advance)
+    monkeypatch.setattr(demo_player, "publish", intruding_publish)
     line = seed("--reset", "--as", "supervisor")
 
     assert f"({RUNS} new), generation 2 (ids end in -r2)" in line
@@ -244,7 +243,7 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
 
 def test_a_second_seed_while_one_plays_is_refused_and_writes_nothing(settings):
     settings.DEBUG = True
-    with seed_demo._one_seed_at_a_time():
+    with demo_seed._one_seed_at_a_time():
         with pytest.raises(CommandError, match="another seed_demo is playing"):
             seed("--sandbox-url", unreachable_url(), "--reset")
     assert not WorkflowRun.objects.exists()
