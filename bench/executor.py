@@ -36,6 +36,18 @@ ours_bare  Exactly ours, but with RECOVERY_METRICS=0 (no counter, no histogram, 
          file) and plain-text logs. The other engine contenders observe as production does:
          metrics recorded by each worker process into one PROMETHEUS_MULTIPROC_DIR, logs as JSON
          (RECOVERY_LOG_FORMAT=json) at INFO. Its purpose is the ``observability cost`` below.
+ours_anyversion  Exactly ours, but with the claim's version filter removed (BENCH_VERSION_FILTER=off):
+         in each worker process ``bench/executor_workflow.py``, imported by ``django.setup()``,
+         replaces ``recovery.registry.deployed_filter`` with a function returning an empty ``Q()``
+         and clears ``transitions.leases._pick_sql``'s cache before anything claims, so the claim
+         (and the publisher's look-up of due messages, which this workload has none of) takes a
+         run of any (workflow, version); a switch of the bench's alone, no setting. The other
+         engine contenders run with BENCH_VERSION_FILTER=on: their claim tests each (name,
+         version) the workers have — the bench workflow and ``workflows.registry``'s (invoice v1
+         and v2, dispute), an OR of one term per name. After its claims each worker reads the
+         statement back from ``_pick_sql``'s cache (a hit, or it fails) and checks that it has
+         the filter or lacks it as switched; its ``done`` line says so, and the report prints
+         it. Its purpose is the ``version filter cost`` below.
 ours_call  The same, with the steps declared as ordinary calls (BENCH_STEPS=call): the insert
          commits on its own outside any transaction, as a call to another system would, then
          the outcome is checkpointed — three commits per step.
@@ -45,6 +57,8 @@ ours_call_nohb  Exactly ours_call, but with the heartbeat off (BENCH_HEARTBEAT=o
          executor runs (a switch of the bench's alone, no setting). The other engine contenders run
          with BENCH_HEARTBEAT=on. Its purpose is the ``heartbeat cost`` below: local steps do not go
          through the heartbeat, calls do (rule 12), so ours_call pays it and this one does not.
+ours_call_anyversion  Exactly ours_call, but with the version filter removed, as ours_anyversion:
+         the ``version filter cost call`` below.
 ours_e2e  End to end, the way DBOS is counted: nothing is started before the clock. Each of the N
          processes takes its share of the M events (``i ≡ k mod N``) and, one at a time, starts and
          advances the run with ``executor.start_and_advance``, which is what a Celery worker does
@@ -110,10 +124,10 @@ measured for Celery). On a
 machine whose cores are all busy, steps/s is bounded by (worker + pg CPU) per step: the sum
 compares contenders' costs where steps/s compares their speed.
 
-What each clock includes: ours, ours_bare, ours_call and ours_call_nohb run runs started before
-the clock (``pre-started``: the executor alone); ours_e2e and ours_call_e2e start every run
-inside it; DBOS starts every workflow inside it; Celery's chains are enqueued before it (its
-clock is the consumption); the ceiling has no start.
+What each clock includes: ours, ours_bare, ours_anyversion, ours_call, ours_call_nohb and
+ours_call_anyversion run runs started before the clock (``pre-started``: the executor alone);
+ours_e2e and ours_call_e2e start every run inside it; DBOS starts every workflow inside it;
+Celery's chains are enqueued before it (its clock is the consumption); the ceiling has no start.
 
 Output: progress on stderr; on stdout a table (median and min–max over ``--repeat`` repetitions
 per contender and worker count), the ratios ours/other of the medians, and, as the last line,
@@ -123,7 +137,16 @@ With both ours_call and ours_call_nohb, also the heartbeat's cost per worker cou
 min–max of the same ratio per repetition (the two are measured back to back in each repetition,
 in alternating order, so that the machine's slow patches hit both alike); in the JSON line,
 ``heartbeat_cost`` and ``heartbeat_cost_min``/``_max`` map each worker count to them. With both
-ours and ours_bare, ``observability_cost`` likewise (1 - ours / ours_bare).
+ours and ours_bare, ``observability_cost`` likewise (1 - ours / ours_bare); with ours and
+ours_anyversion, ``version_filter_cost`` (1 - ours / ours_anyversion; the line also gives the
+ratio ours/ours_anyversion itself), and with ours_call and ours_call_anyversion,
+``version_filter_cost_call``. Each cost line also gives the two contenders' median CPU per
+step, worker processes and PostgreSQL backends together, which another process's load stretches
+much less than the wall time (``<cost>_cpu`` in the JSON: 1 - without / with, of those). Where
+two pairs share a contender (ours with ours_bare and with ours_anyversion), a pair's two are not
+always back to back, but still in the same repetition and in alternating order. Run a cost's
+pair alone (``--only ours,ours_anyversion``) with ``--repeat`` of 6 or more for a figure: a few
+percent is within one repetition's noise on a shared machine.
 
 Isolation: only the *server* of ``--database-url`` (default DATABASE_URL, else
 postgres://postgres@127.0.0.1:5432/postgres) is used, through its ``postgres`` maintenance
@@ -150,7 +173,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -165,8 +188,10 @@ PY = sys.executable
 CONTENDERS = (
     "ours",
     "ours_bare",
+    "ours_anyversion",
     "ours_call",
     "ours_call_nohb",
+    "ours_call_anyversion",
     "ours_e2e",
     "ours_call_e2e",
     "ours_api",
@@ -174,12 +199,14 @@ CONTENDERS = (
     "celery",
     "ceiling",
 )
-# Our contenders: how the bench workflow declares its steps, and whether the heartbeat runs.
+# Our contenders: how the bench workflow declares its steps.
 ENGINE = {
     "ours": "local",
     "ours_bare": "local",
+    "ours_anyversion": "local",
     "ours_call": "call",
     "ours_call_nohb": "call",
+    "ours_call_anyversion": "call",
     "ours_e2e": "local",
     "ours_call_e2e": "call",
     "ours_api": "local",
@@ -191,9 +218,15 @@ API_WORKERS = 2  # gunicorn's sync workers serving the event API (ours_api)
 API_BATCH = 100  # events per request
 HEARTBEAT_OFF = {"ours_call_nohb"}
 BARE = {"ours_bare"}
+VERSION_FILTER_OFF = {"ours_anyversion", "ours_call_anyversion"}
 # What a feature costs: 1 - (steps/s with it / steps/s without it), from two contenders that
-# differ by it alone and are measured back to back (in alternating order) in each repetition.
-COSTS = {"heartbeat_cost": ("ours_call", "ours_call_nohb"), "observability_cost": ("ours", "ours_bare")}
+# differ by it alone and are measured in the same repetition (in alternating order).
+COSTS = {
+    "heartbeat_cost": ("ours_call", "ours_call_nohb"),
+    "observability_cost": ("ours", "ours_bare"),
+    "version_filter_cost": ("ours", "ours_anyversion"),
+    "version_filter_cost_call": ("ours_call", "ours_call_anyversion"),
+}
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 EFFECT_TABLE = (
     "CREATE TABLE bench_effect (key text PRIMARY KEY, run text NOT NULL, step text NOT NULL, "
@@ -483,6 +516,8 @@ class Bench:
     workflows: int
     tmp: Path
     broker_url: str = ""
+    # Per engine contender, what its workers' claims filtered on (their ``done`` lines).
+    claims: dict[str, set[str]] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -493,7 +528,12 @@ class Bench:
         return time.monotonic() + 120 + self.workflows
 
     def django_env(
-        self, database: str, steps: str = "local", heartbeat: bool = True, observed: bool = True
+        self,
+        database: str,
+        steps: str = "local",
+        heartbeat: bool = True,
+        observed: bool = True,
+        version_filter: bool = True,
     ) -> dict[str, str]:
         # Observed as in production: metrics in one multiprocess directory for every worker process, JSON logs.
         prometheus = self.tmp / "prometheus" / database
@@ -506,6 +546,7 @@ class Bench:
             "RECOVERY_METRICS": "1" if observed else "0",
             "RECOVERY_LOG_FORMAT": "json" if observed else "text",
             "BENCH_HEARTBEAT": "on" if heartbeat else "off",
+            "BENCH_VERSION_FILTER": "on" if version_filter else "off",
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DJANGO_DEBUG": "0",
             "DJANGO_SECRET_KEY": "bench-executor",
@@ -581,6 +622,7 @@ class Bench:
                 ENGINE[contender],
                 heartbeat=contender not in HEARTBEAT_OFF,
                 observed=contender not in BARE,
+                version_filter=contender not in VERSION_FILTER_OFF,
             )
         else:
             env = dict(os.environ)
@@ -598,7 +640,7 @@ class Bench:
         began = time.perf_counter()
         for proc in procs:
             proc.send("go")
-        cpu = sum(float(proc.expect("done", deadline).split()[1]) for proc in procs)
+        cpu = self._done(contender, procs, deadline)
         seconds = time.perf_counter() - began
         pg_cpu = _cpu_since(backends, self.server.backends_cpu(database))
         for proc in procs:
@@ -608,6 +650,17 @@ class Bench:
         self.server.wait_idle(database)
         after = self.server.xacts(database)
         return seconds, after[0] - before[0], after[1] - before[1], cpu, pg_cpu
+
+    def _done(self, contender: str, procs: list[Child], deadline: float) -> float:
+        """Each worker's ``done <CPU seconds> [filter=… deployed=…]``: the CPU seconds of all, and
+        (engine workers) what their claims' version filter tested, kept for the report."""
+        cpu = 0.0
+        for proc in procs:
+            _, seconds, *detail = proc.expect("done", deadline).split()
+            cpu += float(seconds)
+            if detail:
+                self.claims.setdefault(contender, set()).add(" ".join(detail))
+        return cpu
 
     def _worker_argv(self, contender: str, database: str, index: int, workers: int) -> list[str]:
         share = ["--index", str(index), "--workers", str(workers), *self._workflows_arg()]
@@ -721,7 +774,7 @@ class Bench:
                 pg_cpu = _cpu_since(backends, self.server.backends_cpu(database))
             for proc in procs:
                 proc.send("stop")
-            cpu = sum(float(proc.expect("done", deadline).split()[1]) for proc in procs) + cpu_served
+            cpu = self._done("ours_api", procs, deadline) + cpu_served
             for proc in procs:
                 proc.send("exit")
             for proc in procs:
@@ -816,6 +869,7 @@ def report(
     machine: str,
     start_seconds: float | None,
     api_rate: float | None = None,
+    claims: dict[str, set[str]] | None = None,
 ) -> None:
     groups: dict[tuple[str, int], Summary] = {}
     for sample in samples:
@@ -855,10 +909,18 @@ def report(
         for workers in args.workers:
             if (cost := feature_cost(samples, workers, on, off)) is not None:
                 median, low, high = cost
+                cpu = cpu_cost(samples, workers, on, off)
+                cpu_text = f"; worker + pg CPU ms/step {cpu[0]:.3f} against {cpu[1]:.3f}" if cpu else ""
                 print(
                     f"{name.replace('_', ' ')}, {workers} worker(s): {100 * median:.1f}% "
-                    f"(1 - {on}/{off}, of the medians; per repetition {100 * low:.1f}% to {100 * high:.1f}%)"
+                    f"(1 - {on}/{off}, of the medians: {on}/{off} {1 - median:.3f}; "
+                    f"per repetition {100 * low:.1f}% to {100 * high:.1f}%{cpu_text})"
                 )
+    if claims:
+        print(
+            "the claim's version filter, as each worker found it in its cached statement after its claims: "
+            + "; ".join(f"{contender} {' | '.join(sorted(found))}" for contender, found in claims.items())
+        )
     if start_seconds is not None:
         print(
             f"ours: run_start of {args.workflows} runs, one process, before timing: {start_seconds:.1f} s "
@@ -895,6 +957,25 @@ def feature_cost(
     if not paired:
         return None
     return 1 - statistics.median(on.values()) / statistics.median(off.values()), min(paired), max(paired)
+
+
+def cpu_cost(samples: Sequence[Sample], workers: int, with_it: str, without_it: str) -> tuple[float, float] | None:
+    """The median CPU per step, worker processes and PostgreSQL backends together (ms), of ``with_it``
+    and of ``without_it`` at ``workers``; None unless both were measured for every sample. Steadier
+    than steps/s on a shared machine: another process's load stretches the wall time, much less
+    the CPU a step takes."""
+
+    def median(contender: str) -> float | None:
+        cpu = [
+            s.cpu_ms_per_step + s.pg_cpu_ms_per_step
+            for s in samples
+            if s.contender == contender and s.workers == workers
+            if s.cpu_ms_per_step is not None and s.pg_cpu_ms_per_step is not None
+        ]
+        return statistics.median(cpu) if cpu else None
+
+    on, off = median(with_it), median(without_it)
+    return (on, off) if on is not None and off is not None else None
 
 
 def _ratio(groups: dict[tuple[str, int], Summary], workers: int, other: str, ours: str = "ours") -> float | None:
@@ -954,6 +1035,8 @@ def summary_json(
         costs = {str(n): cost for n in args.workers if (cost := feature_cost(samples, n, on, off)) is not None}
         for key, index in ((name, 0), (f"{name}_min", 1), (f"{name}_max", 2)):
             result[key] = {n: round(cost[index], 4) for n, cost in costs.items()} or None
+        cpus = {str(n): cpu for n in args.workers if (cpu := cpu_cost(samples, n, on, off)) is not None}
+        result[f"{name}_cpu"] = {n: round(1 - off_ms / on_ms, 4) for n, (on_ms, off_ms) in cpus.items()} or None
     return result
 
 
@@ -1005,9 +1088,11 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
             for workers in args.workers:
                 for contender in _order(contenders, rep):
                     sample = bench.measure(contender, templates[contender], workers, rep)
+                    cpu = [sample.cpu_ms_per_step, sample.pg_cpu_ms_per_step]
                     log(
                         f"{contender} workers={workers} rep={rep + 1}: {sample.steps_per_s:.1f} steps/s, "
                         f"{sample.commits_per_step:.2f} commits/step, {sample.seconds:.2f} s"
+                        + (f", worker + pg CPU {sum(cpu):.3f} ms/step" if None not in cpu else "")
                     )
                     samples.append(sample)
     api_rate = bench.api_ingestion(templates["ours_api"]) if "ours_api" in contenders else None
@@ -1015,12 +1100,14 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
         f"PostgreSQL {server.version()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
     )
-    report(samples, args, machine, start_seconds, api_rate)
+    report(samples, args, machine, start_seconds, api_rate, bench.claims)
 
 
 def _order(contenders: list[str], rep: int) -> list[str]:
-    """The contenders in their order, except that the two of each pair in COSTS (adjacent in
-    CONTENDERS) swap places every other repetition: neither is always the first of the pair."""
+    """The contenders in their order, except that the two of each pair in COSTS swap places every
+    other repetition: neither is always the first of the pair. A pair's two are adjacent in
+    CONTENDERS, or one apart where two pairs share a contender (ours with ours_bare and with
+    ours_anyversion): swapped in turn, each pair still alternates."""
     ordered = list(contenders)
     if rep % 2:
         for on, off in COSTS.values():

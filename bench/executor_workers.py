@@ -10,8 +10,10 @@
 Every worker speaks the same protocol on stdin/stdout, so that only the work is timed: it sets up
 and connects, flushes its connection's pending statistics (``pg_stat_force_next_flush()``, so the
 set-up's transactions are counted before the benchmark's snapshot, not inside it), prints
-``ready``, waits for ``go`` on stdin, does its share, prints ``done <CPU seconds it used since go>``
-and only tears down after ``exit`` on stdin.
+``ready``, waits for ``go`` on stdin, does its share, prints ``done <CPU seconds it used since
+go>`` (an engine worker adds what its claims' version filter tested, checked against
+``BENCH_VERSION_FILTER``: ``done 1.234 filter=on deployed=bench:1,…``) and only tears down after
+``exit`` on stdin.
 A DBOS, ceiling or ``ours_e2e`` worker takes workflows ``K, K+N, K+2N, …`` of ``0…M-1``; our
 executors share the runs already started through the engine's own claim.
 """
@@ -24,6 +26,7 @@ import os
 import select
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -52,11 +55,13 @@ def ready_then_wait_for_go() -> float:
     return time.process_time()
 
 
-def done(cpu_at_go: float) -> None:
-    """Says ``done <CPU seconds since go>`` (all of the process's threads), then waits for ``exit``
-    on stdin (or its end) before the worker tears down: its connections stay open until the bench
-    has read their backends' CPU."""
-    say(f"done {time.process_time() - cpu_at_go:.3f}")
+def done(cpu_at_go: float, detail: Callable[[], str] | None = None) -> None:
+    """Says ``done <CPU seconds since go>`` (all of the process's threads; then ``detail()``, read
+    after the CPU time, for the bench's report), then waits for ``exit`` on stdin (or its end)
+    before the worker tears down: its connections stay open until the bench has read their
+    backends' CPU."""
+    used = time.process_time() - cpu_at_go
+    say(f"done {used:.3f} {detail() if detail else ''}".rstrip())
     sys.stdin.readline()
 
 
@@ -72,13 +77,14 @@ def ours() -> None:
     setup_django()
     from django.db import connection
 
+    from bench.executor_workflow import claim_filter
     from recovery.engine.executor import run_forever
 
     with connection.cursor() as cursor:
         cursor.execute(FLUSH_STATS)
     cpu = ready_then_wait_for_go()
     run_forever(until_idle=True, poll_seconds=0.05)
-    done(cpu)
+    done(cpu, claim_filter)
     connection.close()
 
 
@@ -89,6 +95,7 @@ def ours_e2e(ids: range) -> None:
     setup_django()
     from django.db import connection
 
+    from bench.executor_workflow import claim_filter
     from recovery.engine.executor import run_forever, start_and_advance
 
     with connection.cursor() as cursor:
@@ -97,7 +104,7 @@ def ours_e2e(ids: range) -> None:
     for i in ids:
         start_and_advance(workflow="bench", data={"id": str(i)})
     run_forever(until_idle=True, poll_seconds=0.05)
-    done(cpu)
+    done(cpu, claim_filter)
     connection.close()
 
 
@@ -109,6 +116,7 @@ def ours_serve() -> None:
     setup_django()
     from django.db import connection
 
+    from bench.executor_workflow import claim_filter
     from recovery.engine.executor import run_due
     from recovery.engine.publisher import publish_due
 
@@ -120,7 +128,7 @@ def ours_serve() -> None:
             continue
         if select.select([sys.stdin], [], [], 0.05)[0]:
             break  # "stop": every run has completed
-    done(cpu)
+    done(cpu, claim_filter)
     connection.close()
 
 

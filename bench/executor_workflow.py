@@ -49,6 +49,53 @@ if HEARTBEAT == "off":
 
     heartbeat.held_run = heartbeat.held_claim = _not_held
 
+# BENCH_VERSION_FILTER=off (the ``*_anyversion`` contenders only; bench/executor.py sets "on" for
+# the others): this process claims (and publishes for) runs of any workflow version, so that the
+# bench can measure what the claim's version filter costs. ``registry.deployed_filter`` is what
+# the claim (transitions.leases._pick_sql), the publisher's look-up (publisher.due_outbox_ids) and
+# the outbox claim (transitions.outbox.outbox_claim) add to their queries, each calling it
+# through the module: replaced by an empty Q, it adds nothing. ``_pick_sql`` caches the claim's
+# SQL by its arguments, so its cache is cleared here, before anything has claimed;
+# ``claim_filter`` checks, after the work, the statement the claims ran.
+VERSION_FILTER = os.environ.get("BENCH_VERSION_FILTER", "on")
+if VERSION_FILTER not in ("on", "off"):
+    raise ValueError(f"BENCH_VERSION_FILTER must be 'on' or 'off', not {VERSION_FILTER!r}")
+if VERSION_FILTER == "off":
+    from django.db.models import Q
+
+    from recovery import registry
+    from recovery.engine.transitions import leases
+
+    def _any_version(pairs: object = None, prefix: str = "") -> Q:
+        return Q()
+
+    registry.deployed_filter = _any_version
+    leases._pick_sql.cache_clear()
+
+
+def claim_filter() -> str:
+    """What the claim's statement filtered on in this process, checked against BENCH_VERSION_FILTER,
+    after the executor has claimed (the worker's ``done`` line carries it): ``filter=on
+    deployed=bench:1,dispute:1,invoice:1+2`` (the (name, version) pairs it tests) or ``filter=off
+    deployed=…``. Reads ``leases._pick_sql`` with the very arguments ``_claim_in_one_statement``
+    passes and raises unless that was a cache hit (so it is the statement the claims ran) and the
+    statement matches the switch."""
+    from recovery import registry
+    from recovery.engine.transitions import leases
+
+    deployed = registry.deployed()
+    misses = leases._pick_sql.cache_info().misses
+    sql, params = leases._pick_sql(connection.vendor, False, deployed, leases._PICKED)
+    if leases._pick_sql.cache_info().misses != misses:
+        raise AssertionError("the claim did not run the statement checked here (not in _pick_sql's cache)")
+    filtered = '"workflow_version"' in sql
+    if filtered != (VERSION_FILTER == "on"):
+        raise AssertionError(f"BENCH_VERSION_FILTER={VERSION_FILTER} but the claim's SQL is: {sql}")
+    if filtered and not {name for name, _ in deployed} <= set(params):
+        raise AssertionError(f"the claim's parameters lack a deployed workflow: {params}")
+    pairs = ",".join(f"{name}:{'+'.join(map(str, versions))}" for name, versions in deployed)
+    return f"filter={VERSION_FILTER} deployed={pairs}"
+
 
 def insert_effect(ctx: StepContext) -> Outcome:
     """The step's side effect, on Django's connection."""
