@@ -106,7 +106,8 @@ def start_reset(actor: AbstractBaseUser) -> str:
     ids = f" (ids ending in -r{generation})" if generation > 1 else ""
     return (
         f"reset started by {actor.get_username()}: the demo runs play again as new runs{ids} within a minute or "
-        "two; the unfinished ones of the previous play are terminated, nothing is deleted"
+        "two; the unfinished ones of the previous play are terminated and their open approval tasks done in the "
+        "tracker, nothing is deleted"
     )
 
 

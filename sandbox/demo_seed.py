@@ -1,6 +1,6 @@
 """``seed_demo``'s domain function: which generation of the demo to play, what a reset closes
-first (the previous generation's unfinished runs), and the conditions under which the seed
-refuses to play."""
+first (the previous generation's unfinished runs in the engine, its open approval tasks in the
+simulated tracker), and the conditions under which the seed refuses to play."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ class Seeded:
     states: Counter
     new: int
     terminated: int = 0
+    tasks_done: int = 0  # the earlier generations' approval tasks the reset closed in the tracker
 
 
 def current_generation() -> int:
@@ -66,7 +67,9 @@ def seed_demo(
     username: str | None = None,
 ) -> Seeded:
     """Play every demo scenario whose run does not exist yet in the current generation; with
-    ``reset``, first terminate the current generation's unfinished runs and play a new one.
+    ``reset``, first terminate the current generation's unfinished runs, close the earlier
+    generations' open approval tasks in the simulated tracker (done, as their approvers would:
+    the same invoices played again are not duplicates of open ones), and play a new generation.
     Returns the generation, its runs' states and how many were new. A scenario whose run
     exists is left as it is, so seeding again writes nothing (but the demo users' passwords
     under DEBUG). Refuses (CommandError, before writing) while foreign faults are armed in the
@@ -87,12 +90,15 @@ def seed_demo(
         if settings.DEBUG:
             for role in ROLES:
                 create_operator(username=role, group=role, password=role)
-        terminated = 0
+        terminated = tasks_done = 0
         if pending or disputes:
             supervisor = _supervisor(username)
             if generation != previous:
                 reason = f"demo reset by {supervisor.get_username()}: played again as generation {generation}"
                 terminated = _close(generation_ids(previous) + dispute_ids(previous), supervisor, reason)
+                tasks_done = faults.finish_tasks(
+                    (s.tenant, invoice_id(s.invoice_id, earlier)) for s in SCENARIOS for earlier in range(1, generation)
+                )
             url = (sandbox_url or settings.SANDBOX_URL).rstrip("/")
             timeout = min(settings.RECOVERY_HTTP_TIMEOUT, SEED_HTTP_TIMEOUT)
             with (
@@ -118,7 +124,13 @@ def seed_demo(
                     seeder.release()
         ids += dispute_ids(generation)
         states = Counter(WorkflowRun.objects.filter(workflow_id__in=ids).values_list("state", flat=True))
-    return Seeded(generation=generation, states=states, new=len(pending) + len(disputes), terminated=terminated)
+    return Seeded(
+        generation=generation,
+        states=states,
+        new=len(pending) + len(disputes),
+        terminated=terminated,
+        tasks_done=tasks_done,
+    )
 
 
 def _close(ids: list[str], supervisor: AbstractBaseUser, reason: str) -> int:

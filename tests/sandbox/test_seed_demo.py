@@ -2,6 +2,7 @@
 transitions against the simulated systems over real HTTP, never by writing rows. Seeding twice
 changes nothing (rule 1: the same event is the same run), and no side effect exists twice."""
 
+import json
 import socket
 import time
 from collections import Counter
@@ -30,7 +31,7 @@ from recovery.models import (
 )
 from sandbox import demo, demo_player, demo_seed, faults
 from sandbox.management.commands.seed_demo import DISPUTES, SCENARIOS, sandbox_server
-from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task
+from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task, TaskStatus
 from tests.support.engine import subprocess_env
 
 RUNS = len(SCENARIOS) + len(DISPUTES)
@@ -76,6 +77,13 @@ def sandbox_objects() -> dict:
         "messages": sorted(Message.objects.values_list("pk", flat=True)),
         "ledger": sorted(LedgerEntry.objects.values_list("pk", flat=True)),
     }
+
+
+def counts_of(workflow_id: str) -> dict[str, int]:
+    """What `sandbox counts --run` reports for the run."""
+    out = StringIO()
+    call_command("sandbox", "counts", "--run", workflow_id, "--json", stdout=out)
+    return json.loads(out.getvalue())
 
 
 def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_adds_nothing(settings):
@@ -142,6 +150,8 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     assert waiting.next_wake_at > timezone.now() + timedelta(minutes=9)
     assert step("invoice:wayne:WE-3302", "post_ledger_entry").last_error_kind == "rate_limited"
     assert step("invoice:umbrella:UMB-0043", "create_approval_task").state == StepState.COMPENSATION_FAILED
+    # No first-play invoice was taken for a duplicate of another one (same tenant, amount, currency).
+    assert not WorkflowRun.objects.filter(status_reason__contains="not_a_duplicate").exists()
     by_hand = AuditEvent.objects.exclude(actor="executor")
     assert (
         sorted(by_hand.values_list("actor", "action"))
@@ -201,6 +211,9 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
     first = {r.workflow_id: r.state for r in WorkflowRun.objects.all()}
     unfinished = {wid for wid, state in first.items() if state not in ("completed", "compensated")}
     events = AuditEvent.objects.count()
+    counted = {wid: counts_of(wid) for wid in first}
+    tasks = dict(Task.objects.values_list("pk", "status"))
+    assert Counter(tasks.values()) == {TaskStatus.OPEN: 9, TaskStatus.CANCELLED: 1}
 
     # An executor running beside the seed (make run's) tries to take every run the seed plays,
     # between every step it drives, and every message it delivers: the reservation refuses it.
@@ -221,10 +234,19 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
 
     assert f"({RUNS} new), generation 2 (ids end in -r2)" in line
     assert f"{len(unfinished)} unfinished run(s) of the previous generation terminated" in line
+    assert "9 open approval task(s) of earlier generations done in the tracker" in line
     assert len(intruded) > 2 * len(SCENARIOS) and set(intruded) == {None}
     second = WorkflowRun.objects.exclude(workflow_id__in=first)
     assert Counter(second.values_list("state", flat=True)) == MIX  # the same stories again
-    assert sorted(second.values_list("workflow_id", flat=True)) == sorted(f"{wid}-r2" for wid in first)
+    # Each invoice and dispute again, to the same end (none a duplicate of its first play).
+    assert {r.workflow_id: r.state for r in second} == {f"{wid}-r2": state for wid, state in first.items()}
+    # The tracker's approvers worked through the first play's open tasks (done, not cancelled), so
+    # what each old run made reads as before; the second play's tasks are open again.
+    assert {pk: status for pk, status in Task.objects.values_list("pk", "status") if pk in tasks} == {
+        pk: TaskStatus.DONE if status == TaskStatus.OPEN else status for pk, status in tasks.items()
+    }
+    assert Counter(Task.objects.exclude(pk__in=tasks).values_list("status", flat=True)) == Counter(tasks.values())
+    assert {wid: counts_of(wid) for wid in first} == counted
     assert not WorkflowRun.objects.filter(reserved_for__isnull=False).exists()  # handed to the executors
     # Nothing deleted: the first generation is all there, its unfinished runs terminated by the supervisor.
     for wid, state in first.items():

@@ -45,7 +45,8 @@ class Command(RecoveryCommand):
         "compensation_failed) through the real engine and simulated systems, dated over the past two hours. "
         "Idempotent: demo runs that exist are left as they are, so running it again creates nothing. "
         "--reset plays them again as new runs (ids ending in -r2, -r3 …) after terminating the unfinished ones "
-        "of the previous play; nothing is deleted. Running executors leave the demo runs alone while it plays."
+        "of the previous play and closing their open approval tasks in the simulated tracker (done); nothing is "
+        "deleted. Running executors leave the demo runs alone while it plays."
     )
 
     def add_arguments(self, parser):
@@ -58,7 +59,8 @@ class Command(RecoveryCommand):
             "--reset",
             action="store_true",
             help="play every scenario again as a new generation of runs; the previous generation's unfinished "
-            "runs are terminated (audited, by --as), never deleted",
+            "runs are terminated (audited, by --as), never deleted, and the earlier generations' open approval "
+            "tasks are marked done in the simulated tracker",
         )
         parser.add_argument(
             "--as",
@@ -74,7 +76,12 @@ class Command(RecoveryCommand):
             raise CommandError(str(exc)) from None
         counts = ", ".join(f"{state} {seeded.states[state]}" for state in RunState.values if seeded.states[state])
         which = f", generation {seeded.generation} (ids end in -r{seeded.generation})" if seeded.generation > 1 else ""
-        closed = f"; {seeded.terminated} unfinished run(s) of the previous generation terminated" if reset else ""
+        closed = (
+            f"; {seeded.terminated} unfinished run(s) of the previous generation terminated, "
+            f"{seeded.tasks_done} open approval task(s) of earlier generations done in the tracker"
+            if reset
+            else ""
+        )
         self.stdout.write(
             f"seed_demo: {seeded.states.total()} demo runs, {len(SCENARIOS)} invoices and {len(DISPUTES)} disputes "
             f"({seeded.new} new){which}: {counts}{closed}"
