@@ -69,8 +69,8 @@ class _Clock:
 
 
 class Seeder:
-    """Plays scenarios: each starts its run, arms what its story needs, and drives the run the
-    way the executor and the outbox publisher would, until it rests."""
+    """Plays scenarios: each starts its run on its version of the workflow, arms what its story
+    needs, and drives the run the way the executor and the outbox publisher would, until it rests."""
 
     def __init__(
         self,
@@ -122,7 +122,9 @@ class Seeder:
         # Reserved for the seed in real time: executors running beside it (make run's, Celery's)
         # leave the run alone until the seed has played its story and released it.
         reserve = (OWNER, timezone.now() + RESERVATION)
-        run, _ = transitions.run_start(workflow="invoice", data=scenario.event(self.generation), reserve=reserve)
+        run, _ = transitions.run_start(
+            workflow=scenario.workflow(), data=scenario.event(self.generation), reserve=reserve
+        )
         self.played.append(run.pk)
         return getattr(self, scenario.play)(run)
 
@@ -225,6 +227,12 @@ class Seeder:
 
     def message_forbidden(self, run: WorkflowRun) -> WorkflowRun:
         self.arm("messages", "send", "forbidden")
+        return self.drive(run)
+
+    def ledger_forbidden(self, run: WorkflowRun) -> WorkflowRun:
+        """The ledger refuses (403) after the task and the message exist: the run fails there,
+        nobody has compensated or resumed it yet."""
+        self.arm("ledger", "post", "forbidden")
         return self.drive(run)
 
     def dispute_stopped(self, run: WorkflowRun) -> WorkflowRun:

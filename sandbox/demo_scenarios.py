@@ -1,6 +1,6 @@
-"""The demo's stories: which invoices and disputes ``seed_demo`` plays, how (``play``: the
-``demo_player.Seeder`` method that plays it) and the state each run must end in. Data only; the
-player plays them, ``demo_seed`` decides which and when."""
+"""The demo's stories: which invoices and disputes ``seed_demo`` plays, on which version of
+the workflow, how (``play``: the ``demo_player.Seeder`` method that plays it) and the state each
+run must end in. Data only; the player plays them, ``demo_seed`` decides which and when."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from recovery.models import RunState
-from recovery.workflow import get_workflow
+from recovery.workflow import Workflow, get_workflow
 
-# The demo model's scripted answers (MODEL_PROVIDER=scripted): the off-schema invoice, and the
+# The demo model's scripted answers (MODEL_PROVIDER=scripted): the off-schema invoices, and the
 # invoice whose approver the model gets wrong (the approval policy's guard stops it).
 MODEL_SCRIPT = Path(__file__).resolve().parent / "demo_model_script.json"
 
@@ -29,6 +29,7 @@ OUTCOMES = {
     "compensation_fails": RunState.COMPENSATION_FAILED,
     "message_forbidden": RunState.NEEDS_REVIEW,
     "ledger_rate_limited": RunState.WAITING,
+    "ledger_forbidden": RunState.FAILED,
 }
 # Played on the real clock: its retry time must stay in the future.
 LIVE = frozenset({"ledger_rate_limited"})
@@ -47,6 +48,7 @@ class Scenario:
     items: str
     total: str
     play: str  # the Seeder method that plays it
+    version: int | None = None  # the invoice workflow's version it starts on (None: the current one)
 
     def event(self, generation: int = 1) -> dict[str, Any]:
         text = f"{self.vendor} — {self.items}. Total due: {self.total}"
@@ -57,9 +59,19 @@ class Scenario:
             "text": text,
         }
 
+    def workflow(self) -> Workflow:
+        return get_workflow("invoice", self.version)
 
+
+# The first two started on invoice v1, before v2 (and its duplicate check) was deployed; v1 is
+# kept beside v2 until its runs drain. HL-887 stopped before its approval task: a supervisor may
+# move it to v2. SI-7779 is past its approval task (step 3 of v1, step 4 of v2): it cannot move.
 # fmt: off
 SCENARIOS = (
+    Scenario("hooli", "HL-887", "Hooli Cleaning", "deep cleaning after the office move", "EUR 1,260.00",
+             "model_off_schema", version=1),
+    Scenario("stark", "SI-7779", "Stark Legal", "review of the office lease, 9 hours", "USD 3,150.00",
+             "ledger_forbidden", version=1),
     Scenario("acme", "INV-1001", "ACME Office Supply", "40 ergonomic chairs and 10 desks", "EUR 1,840.00", "plain"),
     Scenario("globex", "GX-2024-117", "Globex Software", "annual licence, 25 seats", "USD 7,450.00",
              "task_answer_lost"),
@@ -125,8 +137,7 @@ DISPUTE_OUTCOMES = {"D-501": RunState.COMPLETED, "D-502": RunState.COMPLETED, "D
 
 def generation_ids(generation: int) -> list[str]:
     """The workflow ids of the demo's invoice runs in ``generation``, in ``SCENARIOS``' order."""
-    workflow = get_workflow("invoice")
-    return [workflow.workflow_id(workflow.validate_input(s.event(generation))) for s in SCENARIOS]
+    return [s.workflow().workflow_id(s.workflow().validate_input(s.event(generation))) for s in SCENARIOS]
 
 
 def dispute_ids(generation: int) -> list[str]:

@@ -1,6 +1,7 @@
 """``seed_demo`` (docs/operating.md "Commands"): a realistic mix of invoice runs, every one made by the engine's own
 transitions against the simulated systems over real HTTP, never by writing rows. Seeding twice
-changes nothing (rule 1: the same event is the same run), and no side effect exists twice."""
+changes nothing (rule 1: the same event is the same run), and no side effect exists twice. Two of
+the invoices run on the workflow's previous version, v1: one a supervisor may move to v2, one not."""
 
 import json
 import socket
@@ -17,7 +18,10 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
+from recovery import clock as engine_clock
+from recovery import testing
 from recovery.engine import transitions
+from recovery.errors import InvalidTransition
 from recovery.models import (
     AuditEvent,
     DecisionState,
@@ -29,6 +33,7 @@ from recovery.models import (
     StepState,
     WorkflowRun,
 )
+from recovery.workflow import get_workflow
 from sandbox import demo, demo_player, demo_seed, faults
 from sandbox.management.commands.seed_demo import DISPUTES, SCENARIOS, sandbox_server
 from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task, TaskStatus
@@ -39,11 +44,20 @@ SANDBOX_AUTH = {"Authorization": f"Bearer {django_settings.SANDBOX_API_KEY}"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])]
 
+NOTHING = {
+    "tasks": 0,
+    "tasks_cancelled": 0,
+    "messages": 0,
+    "corrections": 0,
+    "ledger_entries": 0,
+    "ledger_reversals": 0,
+}
+ON_V1 = {"invoice:hooli:HL-887", "invoice:stark:SI-7779"}  # stopped before its approval task; past it
 MIX = {
     RunState.COMPLETED: 7,  # 5 invoices, 2 disputes
     RunState.WAITING: 1,
-    RunState.NEEDS_REVIEW: 5,  # 4 invoices, the stopped dispute
-    RunState.FAILED: 1,
+    RunState.NEEDS_REVIEW: 6,  # 5 invoices (1 on v1), the stopped dispute
+    RunState.FAILED: 2,  # 1 on v1
     RunState.COMPENSATED: 1,
     RunState.COMPENSATION_FAILED: 1,
 }
@@ -86,14 +100,26 @@ def counts_of(workflow_id: str) -> dict[str, int]:
     return json.loads(out.getvalue())
 
 
+def plan_to_v2(workflow_id: str) -> transitions.MovePlan:
+    moving = run(workflow_id)
+    rows = list(moving.steps.all())
+    return transitions.move_plan(moving, rows, get_workflow("invoice", 2), transitions.accepted_decisions(moving))
+
+
 def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_adds_nothing(settings):
     settings.DEBUG = True  # the demo users
     settings.SANDBOX_URL = unreachable_url()  # nothing answers there: the seed serves the sandbox itself
 
     line = seed()
 
-    assert line.startswith(f"seed_demo: {RUNS} demo runs, 13 invoices and 3 disputes ({RUNS} new): ")
+    assert line.startswith(f"seed_demo: {RUNS} demo runs, 15 invoices (2 on invoice v1) and 3 disputes ({RUNS} new): ")
     assert Counter(WorkflowRun.objects.values_list("state", flat=True)) == MIX
+    # Both versions: the two older invoices on v1, every other invoice on v2 (the current one).
+    versions = dict(WorkflowRun.objects.filter(workflow_name="invoice").values_list("workflow_id", "workflow_version"))
+    assert {wid for wid, version in versions.items() if version == 1} == ON_V1
+    assert (
+        {version for wid, version in versions.items() if wid not in ON_V1} == {get_workflow("invoice").version} == {2}
+    )
     for state, count in MIX.items():
         assert f"{state} {count}" in line
     assert len({r.input["tenant"] for r in WorkflowRun.objects.all()}) >= 5
@@ -126,9 +152,9 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     stopped = run("dispute:hooli:D-503")
     assert stopped.state == RunState.NEEDS_REVIEW and "stopped by supervisor" in stopped.status_reason
     assert faults.counts() == {
-        "tasks": 10,
+        "tasks": 11,
         "tasks_cancelled": 1,
-        "messages": 10,  # 8 approvers, 2 customers
+        "messages": 11,  # 9 approvers, 2 customers
         "corrections": 2,
         "ledger_entries": 8,  # 7 invoices, 1 credit note
         "ledger_reversals": 1,
@@ -152,6 +178,17 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     assert step("invoice:umbrella:UMB-0043", "create_approval_task").state == StepState.COMPENSATION_FAILED
     # No first-play invoice was taken for a duplicate of another one (same tenant, amount, currency).
     assert not WorkflowRun.objects.filter(status_reason__contains="not_a_duplicate").exists()
+    off_schema = run("invoice:hooli:HL-887")  # on v1: stopped at classify, before any task
+    assert (
+        off_schema.state == RunState.NEEDS_REVIEW and step(off_schema.workflow_id, "classify").state == StepState.FAILED
+    )
+    assert counts_of(off_schema.workflow_id) == NOTHING
+    refused = run("invoice:stark:SI-7779")  # on v1: the ledger refused after the task and the message
+    assert (
+        refused.state == RunState.FAILED
+        and step(refused.workflow_id, "post_ledger_entry").last_error_kind == "permanent"
+    )
+    assert counts_of(refused.workflow_id)["tasks"] == counts_of(refused.workflow_id)["messages"] == 1
     by_hand = AuditEvent.objects.exclude(actor="executor")
     assert (
         sorted(by_hand.values_list("actor", "action"))
@@ -171,6 +208,67 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     assert WorkflowRun.objects.count() == RUNS
     assert AuditEvent.objects.count() == events
     assert sandbox_objects() == before
+
+
+def test_a_supervisor_moves_the_demos_v1_run_stopped_before_its_task_to_v2_and_not_the_one_past_it(settings):
+    """docs/workflows.md "Deploying new versions": a run finishes on the version it started on, unless
+    a supervisor moves it to a version that can continue it. HL-887 (v1) stopped at classify, before
+    its approval task: v2 can continue it (it adds check_duplicate), and once moved and resumed it
+    completes on v2 with one task, one message and one ledger entry. SI-7779 (v1) has made its
+    approval task, step 3 of v1 and step 4 of v2: its move is refused, naming that step, and changes
+    nothing."""
+    settings.DEBUG = True
+    settings.SANDBOX_URL = unreachable_url()
+    seed()
+    supervisor = get_user_model().objects.get(username="supervisor")
+
+    assert plan_to_v2("invoice:hooli:HL-887").summary() == "can move to v2 (adds check_duplicate)"
+    refusal = (
+        "cannot move to v2: create_approval_task is step 3 of this run and step 4 of v2: the steps before it differ"
+    )
+    assert plan_to_v2("invoice:stark:SI-7779").summary() == refusal
+    # What the README's tour (step 7) shows a supervisor on each run's page.
+    console = Client()
+    console.force_login(supervisor)
+    for workflow_id, said in (
+        ("invoice:hooli:HL-887", "can move to v2 (adds check_duplicate)"),
+        ("invoice:stark:SI-7779", refusal),
+    ):
+        page = console.get(f"/runs/{workflow_id}").text
+        assert "Move to another version" in page and f"v2: {said}</option>" in page
+
+    stuck = run("invoice:stark:SI-7779")
+    steps = sorted(stuck.steps.values_list("step_name", "state", "idempotency_key", "remote_ref"))
+    before, events = sandbox_objects(), AuditEvent.objects.count()
+    with pytest.raises(InvalidTransition) as refused:
+        transitions.perform(
+            "move_version", workflow_id=stuck.workflow_id, actor=supervisor, reason="v1 is going away", version=2
+        )
+    assert str(refused.value) == refusal
+    assert (run(stuck.workflow_id).workflow_version, run(stuck.workflow_id).state) == (1, RunState.FAILED)
+    assert sorted(stuck.steps.values_list("step_name", "state", "idempotency_key", "remote_ref")) == steps
+    assert AuditEvent.objects.count() == events and sandbox_objects() == before
+
+    moved = transitions.perform(
+        "move_version",
+        workflow_id="invoice:hooli:HL-887",
+        actor=supervisor,
+        reason="v1 is going away; the model answers on schema again",
+        version=2,
+    )
+    assert (moved.workflow_version, moved.state) == (2, RunState.NEEDS_REVIEW)  # it waits for a resume
+    move = AuditEvent.objects.get(run=moved, action="move_version")
+    assert (move.actor, move.before["version"]) == ("supervisor", 1)
+    with sandbox_server(unreachable_url()) as url:
+        settings.SANDBOX_URL = url
+        transitions.perform("resume", workflow_id=moved.workflow_id, actor=supervisor, reason="moved to v2")
+        clock = testing.MovableClock()
+        with engine_clock.driven_by(clock.now):
+            done = testing.drive(moved, clock, owner="test-executor", must_settle=True)
+    assert (done.state, done.workflow_version) == (RunState.COMPLETED, 2)
+    assert step(done.workflow_id, "check_duplicate").result["duplicate_of"] == []
+    assert counts_of(done.workflow_id) == {**NOTHING, "tasks": 1, "messages": 1, "ledger_entries": 1}
+    assert counts_of(stuck.workflow_id) == {**NOTHING, "tasks": 1, "messages": 1}  # the refused one: as it was
 
 
 def test_seed_demo_uses_a_sandbox_that_answers_at_the_given_url(live_server):
@@ -213,7 +311,7 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
     events = AuditEvent.objects.count()
     counted = {wid: counts_of(wid) for wid in first}
     tasks = dict(Task.objects.values_list("pk", "status"))
-    assert Counter(tasks.values()) == {TaskStatus.OPEN: 9, TaskStatus.CANCELLED: 1}
+    assert Counter(tasks.values()) == {TaskStatus.OPEN: 10, TaskStatus.CANCELLED: 1}
 
     # An executor running beside the seed (make run's) tries to take every run the seed plays,
     # between every step it drives, and every message it delivers: the reservation refuses it.
@@ -234,12 +332,15 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
 
     assert f"({RUNS} new), generation 2 (ids end in -r2)" in line
     assert f"{len(unfinished)} unfinished run(s) of the previous generation terminated" in line
-    assert "9 open approval task(s) of earlier generations done in the tracker" in line
+    assert "10 open approval task(s) of earlier generations done in the tracker" in line
     assert len(intruded) > 2 * len(SCENARIOS) and set(intruded) == {None}
     second = WorkflowRun.objects.exclude(workflow_id__in=first)
     assert Counter(second.values_list("state", flat=True)) == MIX  # the same stories again
-    # Each invoice and dispute again, to the same end (none a duplicate of its first play).
+    # Each invoice and dispute again, on the same version, to the same end (none a duplicate of its first play).
     assert {r.workflow_id: r.state for r in second} == {f"{wid}-r2": state for wid, state in first.items()}
+    assert {r.workflow_id: r.workflow_version for r in second} == {
+        f"{r.workflow_id}-r2": r.workflow_version for r in WorkflowRun.objects.filter(workflow_id__in=first)
+    }
     # The tracker's approvers worked through the first play's open tasks (done, not cancelled), so
     # what each old run made reads as before; the second play's tasks are open again.
     assert {pk: status for pk, status in Task.objects.values_list("pk", "status") if pk in tasks} == {
@@ -256,7 +357,7 @@ def test_reset_plays_the_demo_again_as_new_runs_and_terminates_the_unfinished_on
     assert {(e.actor, e.reason.split(":")[0]) for e in terminations} == {("supervisor", "demo reset by supervisor")}
     assert AuditEvent.objects.count() > events
     # One effect per run again: the second play's objects carry its own keys.
-    assert Task.objects.count() == 2 * 10 and LedgerEntry.objects.filter(kind="entry").count() == 2 * 8
+    assert Task.objects.count() == 2 * 11 and LedgerEntry.objects.filter(kind="entry").count() == 2 * 8
     refused = run("invoice:globex:GX-2024-119-r2")
     assert refused.status_reason.startswith("policy refused: approval_policy")  # the model's script followed
 
@@ -306,7 +407,7 @@ def test_the_demo_pages_reset_button_plays_the_demo_again_in_a_process_of_its_ow
     output = demo.RESET_LOG.read_text()
     assert f"({RUNS} new), generation 2 (ids end in -r2)" in output, output
     assert WorkflowRun.objects.filter(workflow_id__endswith="-r2").count() == RUNS
-    assert AuditEvent.objects.filter(action="terminate", actor="supervisor").count() == 8
+    assert AuditEvent.objects.filter(action="terminate", actor="supervisor").count() == 10
     page = client.get("/demo")
     assert "The demo runs are generation 2 (ids ending in -r2)." in page.text
     assert "generation 2 (ids end in -r2)" in page.text  # the last reset's output, on the page

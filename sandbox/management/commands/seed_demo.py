@@ -6,6 +6,8 @@ what a seed and a reset do in ``sandbox/demo_seed.py``; this command prints its 
 
 from __future__ import annotations
 
+from collections import Counter
+
 from django.core.management.base import CommandError
 
 from recovery.management.base import RecoveryCommand
@@ -41,8 +43,9 @@ __all__ = [
 
 class Command(RecoveryCommand):
     help = (
-        "Seed a dozen demo invoice runs in every state (completed, waiting, needs_review, failed, compensated, "
-        "compensation_failed) through the real engine and simulated systems, dated over the past two hours. "
+        "Seed fifteen demo invoice runs in every state (completed, waiting, needs_review, failed, compensated, "
+        "compensation_failed; two on the invoice workflow's previous version, v1) and three disputes through the "
+        "real engine and simulated systems, dated over the past hours. "
         "Idempotent: demo runs that exist are left as they are, so running it again creates nothing. "
         "--reset plays them again as new runs (ids ending in -r2, -r3 …) after terminating the unfinished ones "
         "of the previous play and closing their open approval tasks in the simulated tracker (done); nothing is "
@@ -82,7 +85,9 @@ class Command(RecoveryCommand):
             if reset
             else ""
         )
+        older = Counter(s.version for s in SCENARIOS if s.version is not None)
+        on = "".join(f" ({count} on invoice v{version})" for version, count in sorted(older.items()))
         self.stdout.write(
-            f"seed_demo: {seeded.states.total()} demo runs, {len(SCENARIOS)} invoices and {len(DISPUTES)} disputes "
-            f"({seeded.new} new){which}: {counts}{closed}"
+            f"seed_demo: {seeded.states.total()} demo runs, {len(SCENARIOS)} invoices{on} and {len(DISPUTES)} "
+            f"disputes ({seeded.new} new){which}: {counts}{closed}"
         )
