@@ -178,7 +178,25 @@ def _pick_sql(
     if columns:
         qs = qs.values(*columns)
     with transaction.atomic():  # Django compiles FOR UPDATE only inside a transaction; nothing runs here
-        return qs[:1].query.sql_with_params()
+        return _states_inline(*qs[:1].query.sql_with_params())
+
+
+def _states_inline(sql: str, params: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
+    """The run states written into the statement as literals, the other values left as
+    parameters. A prepared claim runs on a generic plan after its fifth execution, and there
+    PostgreSQL matches run_in_progress_idx's predicate (``state IN (…)``) only against literals:
+    with the states as parameters it walks every finished run instead."""
+    parts = sql.split("%s")
+    assert len(parts) == len(params) + 1, "a placeholder the claim did not compile"
+    out, kept = [parts[0]], []
+    for value, part in zip(params, parts[1:], strict=True):
+        if isinstance(value, RunState):
+            out.append(f"'{value.value}'")  # a fixed enum value: letters and underscores
+        else:
+            out.append("%s")
+            kept.append(value)
+        out.append(part)
+    return "".join(out), tuple(kept)
 
 
 def _pick_params(template: tuple[Any, ...], now: datetime, run_pk: int | None, owner: str) -> list[Any]:
