@@ -109,6 +109,7 @@ class Action:
     durations: tuple[tuple[int, str, bool], ...] = ()  # how long it may last (hours, label, chosen): a snooze
     # The versions a run may be moved to: (version, what a move there would do or why not, chosen)
     versions: tuple[tuple[int, str, bool], ...] = ()
+    effects_question: bool = False  # a target rekeys a finished step: does its effect stand?
 
 
 # Where the console shows each action: the decision tools sit with the model's decision.
@@ -143,14 +144,15 @@ def available_actions(
     workflow = detail["workflow"]
     steps = {s.step_name: s for s in detail["steps"]}
     actions = [_button(name, steps.get(step), workflow) for name, step in pairs if name not in DECISION_TOOLS]
-    actions = [replace(a, versions=_move_targets(detail)) if a.name == "move_version" else a for a in actions]
+    actions = [_with_targets(a, detail) if a.name == "move_version" else a for a in actions]
     four_eyes = workflow.four_eyes if workflow is not None else frozenset()
     return [_as_request(a) if a.name in four_eyes else a for a in actions]
 
 
-def _move_targets(detail: dict[str, Any]) -> tuple[tuple[int, str, bool], ...]:
-    """Every other registered version of the run's workflow with what moving there would do (the
-    transition's own judgement, versions.move_plan), the newest that can continue the run chosen."""
+def _with_targets(action: Action, detail: dict[str, Any]) -> Action:
+    """The move's form: every other registered version of the run's workflow with what moving
+    there would do (the transition's own judgement, versions.move_plan), the newest that can
+    continue the run chosen; and the question whether effects stand, only where a target asks it."""
     run = detail["run"]
     decisions = {d.step_name: d for d in detail["decisions"] if d.state == DecisionState.ACCEPTED}
     plans = [
@@ -159,7 +161,8 @@ def _move_targets(detail: dict[str, Any]) -> tuple[tuple[int, str, bool], ...]:
         if target.name == run.workflow_name and target.version != run.workflow_version
     ]
     chosen = max((p.target for p in plans if p.ok), default=None)
-    return tuple((p.target, p.summary(), p.target == chosen) for p in sorted(plans, key=lambda p: -p.target))
+    versions = tuple((p.target, p.summary(), p.target == chosen) for p in sorted(plans, key=lambda p: -p.target))
+    return replace(action, versions=versions, effects_question=any(p.ok and p.effects for p in plans))
 
 
 def _button(name: str, step: StepExecution | None, workflow) -> Action:

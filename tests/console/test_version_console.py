@@ -37,6 +37,7 @@ def test_a_stranded_run_says_its_version_is_gone_and_a_supervisor_sees_where_it_
     assert "started under test_versioned v1; this deployment has v2: deploy v1 again, or move the run" in text
     assert 'data-action="move_version"' in text
     assert "v2: can move to v2 (adds check)" in text
+    assert "test_versioned v1 is not deployed here: this deployment does not know its contract." in text
     assert 'data-action="move_version"' not in page(operator, run)
     assert "move to another version" in page(operator, run)  # "a higher role could also"
 
@@ -79,3 +80,27 @@ def test_the_console_refuses_a_move_the_target_cannot_continue_and_names_the_ste
     response = act(supervisor, run, "move_version", to_version="2")
     assert response.status_code == 400 and "create_task is step 2" in html.unescape(response.content.decode())
     assert WorkflowRun.objects.get(pk=run.pk).workflow_version == 1
+
+
+def test_the_move_asks_whether_effects_stand_only_where_a_target_rekeys_a_finished_step(clock, monkeypatch):
+    from dataclasses import replace
+
+    from recovery import registry
+
+    receivers.arm("ledger", "rate_limit")
+    run = run_start(workflow="test_versioned", data={"tenant": "t", "order_id": "c-5"})[0]  # v2
+    advance(run.pk)  # its task made
+    run.refresh_from_db()
+    supervisor = login("supervisor")
+    assert 'name="effects_stand"' not in page(supervisor, run)  # v1 cannot take it; nothing to ask
+
+    monkeypatch.setitem(registry._REGISTRY, "test_versioned", dict(registry._REGISTRY["test_versioned"]))
+    v3 = get_workflow("test_versioned").derive(version=3)
+    v3.steps[2] = replace(v3.steps[2], key_version=2)  # create_task: a changed business action
+    text = page(supervisor, run)
+    assert "v3: can move to v3 (effects made under an old key: create_task)" in text
+    assert 'name="effects_stand"' in text
+    refused = act(supervisor, run, "move_version", to_version="3")
+    assert refused.status_code == 400 and "say whether that effect stands" in html.unescape(refused.content.decode())
+    moved = act(supervisor, run, "move_version", to_version="3", effects_stand="on")
+    assert moved.status_code == 200 and WorkflowRun.objects.get(pk=run.pk).workflow_version == 3
