@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from recovery.errors import InvalidTransition
+from recovery.registry import version_number
 
 
 class StepArg(StrEnum):
@@ -118,9 +119,10 @@ def parse_version(text: str | None) -> int | None:
     if text is None or not str(text).strip():
         return None
     text = str(text).strip().removeprefix("v")
-    if not text.isascii() or not text.isdigit() or len(text) > 9:
+    version = version_number(text)
+    if version is None:
         raise InvalidTransition(f"give the version as a whole number, not {text[:20]!r}")
-    return int(text)
+    return version
 
 
 def parse_decision(text: str | None) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from django.db.models import BooleanField, Count, F, Func, Min, Q, QuerySet
 from recovery import registry
 from recovery.errors import ErrorKind
 from recovery.models import (
+    IN_PROGRESS_RUN_STATES,
+    TERMINAL_RUN_STATES,
     ApprovalRequest,
     ApprovalState,
     OutboxMessage,
@@ -27,9 +29,6 @@ from recovery.models import (
 )
 
 COUNT_CAP = 10_000  # counts above this read "10,000+": no full COUNT(*) over a big table per request
-
-# The states of a run that an executor would take forward by itself.
-IN_FLIGHT = [RunState.PENDING, RunState.WAITING, RunState.RUNNING, RunState.COMPENSATING]
 
 
 def runs_among(run_ids: QuerySet) -> Q:
@@ -95,7 +94,10 @@ def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
         ),
         # A run that would go on, but whose (name, version) this deployment lacks: no executor here
         # claims it (recovery.registry). It waits in its state for its version, or to be moved.
-        "version_not_deployed": ("Version not deployed", Q(state__in=IN_FLIGHT) & ~registry.deployed_filter()),
+        "version_not_deployed": (
+            "Version not deployed",
+            Q(state__in=IN_PROGRESS_RUN_STATES) & ~registry.deployed_filter(),
+        ),
     }
 
 
@@ -194,7 +196,7 @@ def by_workflow(workflows: list[str], *, now: datetime) -> dict[str, dict[tuple[
 
 
 # Runs not finished hold their version: it must stay deployed (or they be moved) until they end.
-UNFINISHED = [s for s in RunState if s not in (RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED)]
+UNFINISHED = [s for s in RunState if s not in TERMINAL_RUN_STATES]
 
 
 def unfinished_by_version() -> list[dict[str, Any]]:

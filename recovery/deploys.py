@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from recovery import registry
+from recovery import clock, registry
 from recovery.counts import UNFINISHED
 from recovery.engine import transitions
-from recovery.models import DecisionState, ModelDecision, StepExecution, WorkflowRun
+from recovery.models import StepExecution, WorkflowRun
 
 BATCH = 500  # runs judged per round of reads (their steps and decisions in one query each)
 
@@ -100,18 +100,17 @@ def judged(runs) -> Any:
         rows: dict[int, list[StepExecution]] = {}
         for step in StepExecution.objects.filter(run_id__in=[r.pk for r in batch]):
             rows.setdefault(step.run_id, []).append(step)
-        decisions: dict[int, dict[str, ModelDecision]] = {}
-        accepted = ModelDecision.objects.filter(run_id__in=[r.pk for r in batch], state=DecisionState.ACCEPTED)
-        for decision in accepted:
-            decisions.setdefault(decision.run_id, {})[decision.step_name] = decision
+        decisions = transitions.accepted_by_run([r.pk for r in batch])
+        now = clock.now()
         for run in batch:
             current = registry.current_version(run.workflow_name)
             if current is None:
                 yield run, None
                 continue
-            if run.state not in transitions.RUN_TRANSITIONS["move_version"][0]:
-                plan = transitions.MovePlan(source=run.workflow_version, target=current)
-                yield run, plan.refuse("", f"the run is {run.state}: finish the compensation, or terminate it")
+            # The run's state, as the transition judges it (a compensation under way, a live lease)
+            situation = transitions.Situation.of(run, rows.get(run.pk, []), now)
+            if (refused := transitions.why_not("move_version", situation)) is not None:
+                yield run, transitions.MovePlan(source=run.workflow_version, target=current).refuse("", str(refused))
                 continue
             target = registry.get_workflow(run.workflow_name, current)
-            yield run, transitions.move_plan(run, rows.get(run.pk, []), target, decisions.get(run.pk, {}))
+            yield run, transitions.move_plan(run, situation.steps, target, decisions.get(run.pk, {}))

@@ -23,6 +23,12 @@ class RunState(models.TextChoices):
     TERMINATED = "terminated"
 
 
+# The states an executor takes a run forward from by itself (the claim, run_in_progress_idx), and
+# those of a finished run.
+IN_PROGRESS_RUN_STATES = [RunState.PENDING, RunState.WAITING, RunState.COMPENSATING, RunState.RUNNING]
+TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED})
+
+
 class StepState(models.TextChoices):
     PENDING = "pending"
     RUNNING = "running"
@@ -91,9 +97,7 @@ class WorkflowRun(models.Model):
             models.Index(
                 fields=["id"],
                 name="run_in_progress_idx",
-                condition=models.Q(
-                    state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING, RunState.RUNNING]
-                ),
+                condition=models.Q(state__in=IN_PROGRESS_RUN_STATES),
             ),
         ]
 

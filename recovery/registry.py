@@ -97,6 +97,12 @@ def all_versions() -> list[Workflow]:
     return [_REGISTRY[name][v] for name in sorted(_REGISTRY) for v in sorted(_REGISTRY[name])]
 
 
+def version_number(text: str) -> int | None:
+    """A workflow version as written in a URL, a form or a command ("2"): up to 9 ASCII digits,
+    else None. Each surface says what it does with anything else."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
+
+
 def deployed() -> tuple[tuple[str, tuple[int, ...]], ...]:
     """What this process has, as a hashable value: ((name, (versions…)), …), by name."""
     return tuple((name, tuple(sorted(_REGISTRY[name]))) for name in sorted(_REGISTRY) if _REGISTRY[name])

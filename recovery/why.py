@@ -12,10 +12,10 @@ from datetime import datetime
 
 from recovery import registry
 from recovery.actions import ACTIONS
-from recovery.counts import IN_FLIGHT
 from recovery.engine.transitions import AGENT_STOPPED, TERMINAL_RUN_STATES, UNDONE_STEP_STATES, lease_is_live
 from recovery.errors import ErrorKind
 from recovery.models import (
+    IN_PROGRESS_RUN_STATES,
     ApprovalRequest,
     ApprovalState,
     OutboxMessage,
@@ -73,7 +73,7 @@ def why_not_moving(
     if state == RunState.RUNNING and lease_is_live(run, now):
         doing = f", running {run.current_step}" if run.current_step else ""
         return f"held by executor {run.lease_owner} until {_at(run.lease_expires_at)} (lease){doing}"
-    if state in IN_FLIGHT and not registry.has(run.workflow_name, run.workflow_version):
+    if state in IN_PROGRESS_RUN_STATES and not registry.has(run.workflow_name, run.workflow_version):
         return version_not_deployed(run)
     if state == RunState.RUNNING:
         return (

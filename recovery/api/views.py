@@ -43,6 +43,7 @@ from recovery.api import tokens
 from recovery.engine.transitions import run_start, run_start_many
 from recovery.errors import StartConflict
 from recovery.models import WorkflowRun
+from recovery.registry import version_number
 from recovery.workflow import Workflow, get_workflow
 
 log = logging.getLogger("recovery.api")
@@ -130,10 +131,11 @@ def _version(workflow: Workflow, version: str | None) -> Workflow:
     """The version to start: the current one, or the registered one ``?version=N`` names."""
     if version is None:
         return workflow
-    if not version.isascii() or not version.isdigit() or len(version) > 9:
+    number = version_number(version)
+    if number is None:
         raise ApiError(400, f"version must be a whole number, not {version[:20]!r}")
     try:
-        return get_workflow(workflow.name, int(version))
+        return get_workflow(workflow.name, number)
     except LookupError as exc:
         raise ApiError(400, str(exc)) from None
 

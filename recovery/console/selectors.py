@@ -267,8 +267,7 @@ def _cursor(value: str) -> int | None:
 def _version(value: str) -> int | None:
     """A workflow version from the URL ("2", or "v2" as the console writes it): up to 9 ASCII
     digits; anything else means no version filter, as a bad state or age does."""
-    value = value.removeprefix("v")
-    return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else None
+    return registry.version_number(value.removeprefix("v"))
 
 
 RUN_LIST_FIELDS = (
@@ -345,6 +344,13 @@ def workflow_versions(workflows: list[str]) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
+def version_label(name: str, version: int) -> str:
+    """ "v2 (current)", "v1", "v0 (not deployed)": a version of a workflow as the console names it."""
+    if registry.current_version(name) == version:
+        return f"v{version} (current)"
+    return f"v{version}" if registry.has(name, version) else f"v{version} (not deployed)"
+
+
 def version_choices(filters: RunFilters, *, now: datetime) -> list[tuple[int, str]]:
     """The runs list's version filter: the versions this deployment has and those of runs stuck
     because their version is not deployed (stuck_causes: in flight, so one short walk of the
@@ -355,12 +361,7 @@ def version_choices(filters: RunFilters, *, now: datetime) -> list[tuple[int, st
     pairs = {(w.name, w.version) for w in registry.all_versions()}
     pairs |= set(stranded.values_list("workflow_name", "workflow_version").distinct().order_by())
     if filters.workflow:
-        current = registry.current_version(filters.workflow)
-        choices = {
-            v: f"v{v}" + (" (current)" if v == current else "" if registry.has(name, v) else " (not deployed)")
-            for name, v in pairs
-            if name == filters.workflow
-        }
+        choices = {v: version_label(name, v) for name, v in pairs if name == filters.workflow}
     else:
         choices = {v: f"v{v}" for _, v in pairs}
     if filters.version is not None:

@@ -345,11 +345,7 @@ def bulk_preview(
     for step in StepExecution.objects.filter(run_id__in=[r.pk for r in runs.values()]):
         steps.setdefault(step.run_id, []).append(step)
     moving = ACTIONS[action].version
-    decisions: dict[int, dict[str, ModelDecision]] = {}
-    if moving:
-        accepted = ModelDecision.objects.filter(run_id__in=[r.pk for r in runs.values()], state=DecisionState.ACCEPTED)
-        for decision in accepted:
-            decisions.setdefault(decision.run_id, {})[decision.step_name] = decision
+    decisions = transitions.accepted_by_run([r.pk for r in runs.values()]) if moving else {}
     result = BulkResult(action=action, applied=False, reason=reason, version=version if moving else None)
     for workflow_id in workflow_ids:
         run = runs.get(workflow_id)
@@ -484,7 +480,7 @@ def version_lines(versions: dict[str, list[dict[str, Any]]], *, now: datetime) -
     for name, found in versions.items():
         lines = []
         for v in found:
-            label = f"v{v['version']}" + (" (current)" if v["current"] else "" if v["deployed"] else " (not deployed)")
+            label = selectors.version_label(name, v["version"])
             runs = "none in flight"
             if v["runs"]:
                 runs = f"{v['runs']} in flight, oldest {selectors.duration((now - v['oldest']).total_seconds())}"

@@ -106,10 +106,19 @@ from .tables import (
     STEP_TRANSITIONS,
     TERMINAL_RUN_STATES,
 )
-from .versions import MovePlan, accepted_decisions, continuation, drift, move_plan, run_move_version
+from .versions import (
+    MovePlan,
+    accepted_by_run,
+    accepted_decisions,
+    continuation,
+    drift,
+    move_plan,
+    run_move_version,
+)
 
 __all__ = [
     "MovePlan",
+    "accepted_by_run",
     "accepted_decisions",
     "continuation",
     "drift",

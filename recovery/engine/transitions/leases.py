@@ -14,7 +14,7 @@ from django.db.models import Q
 
 from recovery import clock, registry
 from recovery.engine import metrics, storage
-from recovery.models import OutboxMessage, RunState, StepExecution, SweeperBeat, WorkflowRun
+from recovery.models import IN_PROGRESS_RUN_STATES, OutboxMessage, RunState, StepExecution, SweeperBeat, WorkflowRun
 
 from ._core import (
     RUN_LEASE_FIELDS,
@@ -78,7 +78,7 @@ def claimable(now: datetime, owner: str | None = None) -> Q:
     not reserved for another executor (``owner``: the one asking; None: any executor)."""
     unowned = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
     due = Q(next_wake_at__isnull=True) | Q(next_wake_at__lte=now)
-    in_progress = Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING, RunState.RUNNING])
+    in_progress = Q(state__in=IN_PROGRESS_RUN_STATES)
     free = Q(reserved_for__isnull=True) | Q(reserved_until__lte=now)
     if owner is not None:
         free |= Q(reserved_for=owner)

@@ -3,6 +3,7 @@ leads to). Every transition function checks its move against these tables."""
 
 from __future__ import annotations
 
+from recovery.models import TERMINAL_RUN_STATES as TERMINAL_RUN_STATES  # re-exported: the engine reads it here
 from recovery.models import RunState, StepState
 
 EXECUTOR = "executor"
@@ -91,5 +92,4 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
 }
 LEASED_RUN_STATES = frozenset({RunState.RUNNING, RunState.COMPENSATING})
 
-TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED})
 DONE_STEP_STATES = frozenset({StepState.SUCCEEDED, StepState.SKIPPED})

@@ -50,18 +50,10 @@ from ._core import (
 )
 from .operator import _four_eyes
 from .runs import new_step
-from .tables import RUN_TRANSITIONS
+from .tables import DONE_STEP_STATES, RUN_TRANSITIONS
 
 # A step in these states holds a known outcome (its effect made, undone, or left out).
-_FINISHED = frozenset(
-    {
-        StepState.SUCCEEDED,
-        StepState.SKIPPED,
-        StepState.COMPENSATING,
-        StepState.COMPENSATED,
-        StepState.COMPENSATION_FAILED,
-    }
-)
+_FINISHED = DONE_STEP_STATES | offers.UNDONE_STEP_STATES
 
 
 @dataclass
@@ -277,8 +269,16 @@ def _agent_incompatible(row: StepExecution, spec: StepSpec, rows: list[StepExecu
 
 
 def accepted_decisions(run: WorkflowRun) -> dict[str, ModelDecision]:
-    found = ModelDecision.objects.filter(run=run, state=DecisionState.ACCEPTED)
-    return {d.step_name: d for d in found}
+    """The run's accepted decisions by step: what ``move_plan`` checks against a target's schemas."""
+    return accepted_by_run([run.pk]).get(run.pk, {})
+
+
+def accepted_by_run(run_pks: list[int]) -> dict[int, dict[str, ModelDecision]]:
+    """``accepted_decisions`` of many runs, in one query (a dry run of many moves)."""
+    found: dict[int, dict[str, ModelDecision]] = {}
+    for decision in ModelDecision.objects.filter(run_id__in=run_pks, state=DecisionState.ACCEPTED):
+        found.setdefault(decision.run_id, {})[decision.step_name] = decision
+    return found
 
 
 def run_move_version(
