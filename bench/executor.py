@@ -19,7 +19,7 @@ The contenders, each with N worker processes (``--workers``, default 1,2,4):
 ours     The production code path: M runs started in bulk with ``recovery.engine.transitions.run_start``
          *before* timing, once per invocation into a template database (that time, one process,
          is printed under the table and is not in steps/s), then N OS processes, each calling
-         ``recovery.engine.executor.run_forever(until_idle=True, poll_seconds=0.05)`` after
+         ``recovery.engine.loop.run_forever(until_idle=True, poll_seconds=0.05)`` after
          ``django.setup()``, i.e. ``manage.py run_executor --until-idle --poll 0.05`` without
          Django's start-up inside the timing, until nothing is due. The workflow is
          ``bench/executor_workflow.py``, registered with

@@ -78,7 +78,7 @@ def ours() -> None:
     from django.db import connection
 
     from bench.executor_workflow import claim_filter
-    from recovery.engine.executor import run_forever
+    from recovery.engine.loop import run_forever
 
     with connection.cursor() as cursor:
         cursor.execute(FLUSH_STATS)
@@ -96,7 +96,8 @@ def ours_e2e(ids: range) -> None:
     from django.db import connection
 
     from bench.executor_workflow import claim_filter
-    from recovery.engine.executor import run_forever, start_and_advance
+    from recovery.engine.executor import start_and_advance
+    from recovery.engine.loop import run_forever
 
     with connection.cursor() as cursor:
         cursor.execute(FLUSH_STATS)
@@ -117,7 +118,7 @@ def ours_serve() -> None:
     from django.db import connection
 
     from bench.executor_workflow import claim_filter
-    from recovery.engine.executor import run_due
+    from recovery.engine.loop import run_due
     from recovery.engine.publisher import publish_due
 
     with connection.cursor() as cursor:

@@ -103,7 +103,7 @@ def test_executors_side_by_side_take_different_runs_and_perform_each_step_once(p
     """The embedded executor's loop (run_due: claim the oldest due run, SKIP LOCKED) in four
     threads over twenty runs: every run completed, every step performed once, and no run
     claimed twice (a claim another executor already made is skipped, not retried)."""
-    from recovery.engine.executor import run_due
+    from recovery.engine.loop import run_due
 
     monkeypatch.setenv("RECOVERY_FAILPOINTS", "*:before_call=sleep(5)")
     for i in range(20):

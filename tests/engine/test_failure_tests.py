@@ -216,7 +216,7 @@ def test_no_step_stays_running_past_its_lease(clock, monkeypatch):
     run = start()
     crash_at(monkeypatch, "notify:before_call", lambda: advance(run.pk))
     clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
-    from recovery.engine.executor import run_due
+    from recovery.engine.loop import run_due
 
     assert run_due() == 1  # the stalled run is due: its lease expired
     assert_invariants()

@@ -114,9 +114,9 @@ def test_consecutive_local_steps_commit_their_effects_attempts_and_outcomes_once
 
 
 def test_a_group_of_local_steps_stops_at_its_limit(monkeypatch):
-    from recovery.engine import executor
+    from recovery.engine import local_steps
 
-    monkeypatch.setattr(executor, "MAX_LOCAL_GROUP", 1)
+    monkeypatch.setattr(local_steps, "MAX_LOCAL_GROUP", 1)
     run = run_start(workflow="test_local", data={"tenant": "t", "order_id": "limit"})[0]
     transactions = transactions_after_the_claim(run)
     assert [sum(s.startswith(EFFECT) for s in statements) for statements in transactions] == [1, 1]

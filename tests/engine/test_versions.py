@@ -13,7 +13,8 @@ from django.test import Client
 
 from recovery import counts, registry, testing
 from recovery.api.tokens import issue_token
-from recovery.engine.executor import advance, run_due
+from recovery.engine.executor import advance
+from recovery.engine.loop import run_due
 from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from recovery import counts
 from recovery.console import selectors
-from recovery.engine.executor import run_forever
+from recovery.engine.loop import run_forever
 from recovery.engine.transitions import run_start, sweeper_beat
 from recovery.models import OutboxMessage, OutboxState, RunState, SweeperBeat, WorkflowRun
 from recovery.observability import health

@@ -210,7 +210,8 @@ def test_the_issue_reproduction_a_deploy_without_v1_strands_no_run_and_v1_back_c
     from django.core.management import CommandError
 
     from recovery import registry
-    from recovery.engine.executor import advance, run_due
+    from recovery.engine.executor import advance
+    from recovery.engine.loop import run_due
     from workflows.invoice.v1 import invoice_v1
 
     run_sandbox("fault", "ledger", "post", "rate_limit", "--times", "1", "--retry-after", "20")

@@ -41,7 +41,7 @@ class Lease:
     seen: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     # The claim took the run over from an executor whose lease expired (it died, or hung):
     # whatever it was doing may have killed it, so this executor checkpoints every attempt
-    # before making it, local steps included (see executor._execute).
+    # before making it, local steps included (see executor._execute, local_steps).
     taken_over: bool = False
 
 

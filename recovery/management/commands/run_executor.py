@@ -3,7 +3,7 @@ import os
 from django.core.management.base import CommandError
 
 from recovery.engine import failpoints
-from recovery.engine.executor import run_forever
+from recovery.engine.loop import run_forever
 from recovery.management.base import RecoveryCommand
 from recovery.observability import alerts
 
