@@ -43,6 +43,7 @@ from .compensation import (
     run_compensate,
     run_compensation_done,
 )
+from .decisions import decision_supersede
 from .leases import (
     claimable,
     outbox_dispatch,
@@ -56,7 +57,6 @@ from .offers import AGENT_STOPPED, UNDONE_STEP_STATES, Situation, offered, why_n
 from .operator import (
     BUDGET_FIELDS,
     LABELS,
-    decision_supersede,
     needs_approval,
     run_resume,
     run_terminate,

@@ -1,0 +1,139 @@
+"""A model step's decision, replaced by an operator: an edited one (validated by the step's
+schema, accepted at once as a new version) or the model asked again."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pydantic
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from recovery import clock
+from recovery.engine import dispatch
+from recovery.errors import InvalidTransition
+from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
+from recovery.redaction import redact_text
+from recovery.workflow import StepSpec, workflow_of
+
+from . import offers
+from ._core import (
+    RUN_LEASE_FIELDS,
+    _actor_fields,
+    _audit,
+    _check,
+    _locked_run_by_id,
+    _redacted,
+    _release_into,
+    _save_run,
+    _save_step,
+    _snap,
+    require_reason,
+)
+from .operator import BUDGET_FIELDS, _clear_refusal, _fresh_budget
+from .tables import STEP_TRANSITIONS
+
+
+def decision_supersede(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    decision: dict[str, Any] | None = None,
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Replace the accepted model decision (rule 4: a new decision needs a recorded reason).
+    With ``decision``, by that edited one — validated by the step's schema, accepted at once as
+    a new version, checked by the guards when the run goes on; without, the step asks the model
+    again. Only while no later step has sent a request built from the old one: its key would
+    then carry a different payload. A later step's refusal and overrides are cleared (they were
+    about the old decision)."""
+    reason = require_reason(reason)
+    now = now or clock.now()
+    with transaction.atomic():
+        run = _locked_run_by_id(workflow_id, expect)
+        offers.require("supersede" if decision is not None else "decide_again", run, now, step_name=step_name)
+        old = (
+            ModelDecision.objects.select_for_update()
+            .filter(run=run, step_name=step_name, state=DecisionState.ACCEPTED)
+            .first()
+        )
+        if old is None:
+            raise InvalidTransition(f"step {step_name} has no accepted decision")
+        spec = workflow_of(run).get_step(step_name)
+        accepted = None if decision is None else _redacted(run, _validated(spec, decision))
+        step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        later = list(StepExecution.objects.select_for_update().filter(run=run, position__gt=step.position))
+        before = {**_snap(run, step), "decision_version": old.version, "decision": old.accepted}
+        old.state = DecisionState.SUPERSEDED
+        old.superseded_reason = redact_text(reason)
+        old.save(update_fields=["state", "superseded_reason"])
+        if accepted is None:  # ask the model again
+            step.state = StepState.PENDING
+            step.remote_ref = ""
+            step.result = None
+            after_extra: dict[str, Any] = {}
+        else:
+            version = old.version + 1
+            ModelDecision.objects.create(
+                run=run,
+                step_name=step_name,
+                version=version,
+                state=DecisionState.ACCEPTED,
+                schema_version=spec.schema_version,
+                proposal=None,  # an operator's decision: the model proposed none of it
+                accepted=accepted,
+                created_at=now,
+            )
+            step.remote_ref = f"decision v{version}"
+            step.result = accepted
+            after_extra = {"decision_version": version, "decision": accepted}
+        _fresh_budget(step)
+        _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
+        workflow = workflow_of(run)
+        again = []
+        for other in later:
+            fields = []
+            if other.refusal or other.overrides or other.last_error_kind:
+                _clear_refusal(other)
+                other.overrides = []
+                fields += ["refusal", "overrides", "last_error_kind", "last_error"]
+            if other.state != StepState.PENDING and workflow.get_step(other.step_name).reads:
+                # a read made from the old decision (offers._decision allows only reads here): again
+                other.state = _check(STEP_TRANSITIONS, "read_again", other.state, "step")
+                other.result, other.remote_ref = None, ""
+                _fresh_budget(other)
+                fields += ["state", "result", "remote_ref", *BUDGET_FIELDS]
+                again.append(other.step_name)
+            if fields:
+                _save_step(other, fields, now, actor)
+        reopened = f"decision superseded by {_actor_fields(actor)['actor']}"
+        _release_into(run, RunState.PENDING, reason=f"{step_name}: {reopened}")
+        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
+        _audit(
+            run,
+            "decision_supersede",
+            actor=actor,
+            step_name=step_name,
+            reason=reason,
+            before=before,
+            after={**_snap(run, step), **after_extra, **({"read_again": again} if again else {})},
+            now=now,
+        )
+        dispatch.enqueue_run(run.pk)
+        return run
+
+
+def _validated(spec: StepSpec, decision: Any) -> dict[str, Any]:
+    if spec.decision_schema is None:
+        raise InvalidTransition(f"{spec.name} is not a model step: it has no decision to replace")
+    if not isinstance(decision, dict):
+        raise InvalidTransition("the decision must be a JSON object")
+    try:
+        return spec.decision_schema.model_validate(decision).model_dump(mode="json")
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'decision'}: {e['msg']}" for e in exc.errors())
+        raise InvalidTransition(f"the decision does not match {spec.decision_schema.__name__}: {problems}") from None
