@@ -16,6 +16,7 @@ from django.db.models import BooleanField, Count, F, Func, Min, Q, QuerySet
 from recovery import registry
 from recovery.errors import ErrorKind
 from recovery.models import (
+    AGENT_STOPPED,
     IN_PROGRESS_RUN_STATES,
     TERMINAL_RUN_STATES,
     ApprovalRequest,
@@ -59,6 +60,10 @@ def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
     def any_run_with(**step_filter: Any) -> Q:  # for a cause not narrowed by the run's state
         return runs_among(StepExecution.objects.filter(**step_filter).values("run_id"))
 
+    # An operator stopped its agent: the run is held for that, whatever its journal's rows say
+    # (a tool call that failed and waited for its retry is not retries exhausted).
+    stopped = Q(state=RunState.NEEDS_REVIEW) & runs_with(state=StepState.PENDING, refusal__rule=AGENT_STOPPED)
+
     return {
         "needs_review": ("Needs review", Q(state=RunState.NEEDS_REVIEW)),
         # An unknown outcome the engine is not already about to look up again.
@@ -70,19 +75,23 @@ def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
         "exhausted": (
             "Retries exhausted",
             Q(state=RunState.NEEDS_REVIEW)
-            & runs_with(state=StepState.FAILED, last_error_kind__in=[ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED]),
+            & runs_with(state=StepState.FAILED, last_error_kind__in=[ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED])
+            & ~stopped,
         ),
+        "agent_stopped": ("Agent stopped", stopped),
         "failed_with_effects": ("Failed, effects stand", Q(state=RunState.FAILED, effects_stand=True)),
         "compensation_failed": ("Compensation failed", Q(state=RunState.COMPENSATION_FAILED)),
         "policy_refused": (
             "Policy refused",
             Q(state=RunState.NEEDS_REVIEW)
-            & runs_with(state=StepState.PENDING, last_error_kind=ErrorKind.POLICY_REFUSED),
+            & runs_with(state=StepState.PENDING, last_error_kind=ErrorKind.POLICY_REFUSED)
+            & ~stopped,
         ),
         "model_output": (
             "Paused for model output",
             Q(state=RunState.NEEDS_REVIEW)
-            & runs_with(state=StepState.FAILED, last_error_kind=ErrorKind.INVALID_MODEL_OUTPUT),
+            & runs_with(state=StepState.FAILED, last_error_kind=ErrorKind.INVALID_MODEL_OUTPUT)
+            & ~stopped,
         ),
         "message_undelivered": (
             "Message undelivered",
@@ -120,11 +129,35 @@ def capped_counts(querysets: list[QuerySet]) -> list[tuple[int, bool]]:
     return [(min(n, COUNT_CAP), n > COUNT_CAP) for n in row]
 
 
+# The runs list's states: the run states, and after "Completed" the completed runs some of whose
+# effects were undone since (a step compensated on its own), as their page and row say.
+PARTLY_COMPENSATED = "partly_compensated"
+
+
+def list_states() -> dict[str, str]:
+    """The runs list's state filters, value → label, in the order of the chips."""
+    found: dict[str, str] = {}
+    for state in RunState:
+        found[state.value] = state.label
+        if state == RunState.COMPLETED:
+            found[PARTLY_COMPENSATED] = "Completed, partly compensated"
+    return found
+
+
+def state_filter(state: str) -> Q:
+    """The runs of a list state (``list_states``)."""
+    if state == PARTLY_COMPENSATED:
+        compensated = StepExecution.objects.filter(state=StepState.COMPENSATED).values("run_id")
+        return Q(state=RunState.COMPLETED, pk__in=compensated)
+    return Q(state=state)
+
+
 def state_counts() -> list[dict[str, Any]]:
-    counts = capped_counts([WorkflowRun.objects.filter(state=state) for state in RunState])
+    states = list_states()
+    counts = capped_counts([WorkflowRun.objects.filter(state_filter(state)) for state in states])
     return [
-        {"state": state.value, "label": state.label, "count": n, "capped": capped}
-        for state, (n, capped) in zip(RunState, counts, strict=True)
+        {"state": state, "label": label, "count": n, "capped": capped}
+        for (state, label), (n, capped) in zip(states.items(), counts, strict=True)
     ]
 
 

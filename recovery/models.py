@@ -27,6 +27,7 @@ class RunState(models.TextChoices):
 # those of a finished run.
 IN_PROGRESS_RUN_STATES = [RunState.PENDING, RunState.WAITING, RunState.COMPENSATING, RunState.RUNNING]
 TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED})
+AGENT_STOPPED = "agent_stopped"  # the rule of the hold an operator's stop puts on an agent step (its refusal)
 
 
 class StepState(models.TextChoices):

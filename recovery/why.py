@@ -10,6 +10,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from django.utils.timezone import localtime
+
 from recovery import registry
 from recovery.actions import ACTIONS
 from recovery.engine.transitions import AGENT_STOPPED, TERMINAL_RUN_STATES, UNDONE_STEP_STATES, lease_is_live
@@ -25,6 +27,7 @@ from recovery.models import (
     StepState,
     WorkflowRun,
 )
+from recovery.validation import problem_count
 from recovery.workflow import all_workflows, workflow_of
 
 
@@ -97,10 +100,7 @@ def why_not_moving(
     if refused is not None and state == RunState.NEEDS_REVIEW:
         rule = refused.refusal.get("rule", "")
         if rule == AGENT_STOPPED:
-            return (
-                f"paused: the agent {refused.step_name} was {refused.refusal.get('message', 'stopped')}; "
-                "resume to let it go on, or a supervisor forks it from a turn"
-            )
+            return agent_stopped(refused)
         return (
             f"paused: policy refused {refused.step_name} ({rule}: {refused.refusal.get('message', '')}); "
             "change the decision, or a supervisor accepts the proposal"
@@ -112,6 +112,15 @@ def why_not_moving(
     if state == RunState.FAILED:
         return _failed(run, steps)
     return run.status_reason or state
+
+
+def agent_stopped(agent: StepExecution) -> str:
+    """ "agent X stopped by olga at 03:12:00 UTC (…): …": who stopped it and when (the agent
+    step is not written again while it is held), why, and the two ways on."""
+    who, _, reason = agent.refusal.get("message", "stopped").partition(": ")
+    at = f" at {localtime(agent.updated_at):%H:%M:%S %Z}" if agent.updated_at else ""
+    because = f" ({reason})" if reason else ""
+    return f"agent {agent.step_name} {who}{at}{because}: resume to let it go on, or fork it from a turn"
 
 
 def version_not_deployed(run: WorkflowRun) -> str:
@@ -150,9 +159,11 @@ def _review(run: WorkflowRun, steps: list[StepExecution], outbox: Iterable[Outbo
         )
     failed = next((s for s in steps if s.state == StepState.FAILED), None)
     if failed is not None and failed.last_error_kind == ErrorKind.INVALID_MODEL_OUTPUT:
+        problems = problem_count(failed.last_error)
+        last = f" (the last one with {problems} problem{'' if problems == 1 else 's'})" if problems else ""
         return (
             f"paused: the model's output for {failed.step_name} did not match its schema {failed.format_failures} "
-            "times; ask the model again (retry) or change the decision"
+            f"times{last}; write the decision by hand (supervisor) or ask the model again"
         )
     if failed is not None:
         return (
@@ -194,18 +205,25 @@ WHY_STEP_FIELDS = (
     "last_error",
     "next_attempt_at",
     "refusal",
+    "updated_at",
 )
 
 
 def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:
-    """Set ``run.why`` on each run of a list page: their steps in one query, and their pending
+    """Set ``run.why`` (and ``run.partly_compensated``) on each run of a list page: their steps
+    in one query (the undone steps of the completed ones in another), and their pending
     four-eyes requests in another where a workflow has four-eyes actions (none for a page of
     finished runs)."""
     moving = [r.pk for r in runs if r.state not in TERMINAL_RUN_STATES]
+    completed = [r.pk for r in runs if r.state == RunState.COMPLETED]
     steps: dict[int, list[StepExecution]] = defaultdict(list)
     approvals: dict[int, list[ApprovalRequest]] = defaultdict(list)
     if moving:
         for step in StepExecution.objects.filter(run_id__in=moving).only(*WHY_STEP_FIELDS):
+            steps[step.run_id].append(step)
+    if completed:  # of a completed run, only the steps undone since (partly compensated)
+        undone = StepExecution.objects.filter(run_id__in=completed, state__in=UNDONE_STEP_STATES)
+        for step in undone.only(*WHY_STEP_FIELDS):
             steps[step.run_id].append(step)
     if moving and any(workflow.four_eyes for workflow in all_workflows()):
         pending = ApprovalRequest.objects.filter(run_id__in=moving, state=ApprovalState.PENDING)
@@ -213,3 +231,6 @@ def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:
             approvals[request.run_id].append(request)
     for run in runs:
         run.why = why_not_moving(run, steps[run.pk], now=now, approvals=approvals[run.pk])
+        run.partly_compensated = run.state == RunState.COMPLETED and any(
+            s.state == StepState.COMPENSATED for s in steps[run.pk]
+        )

@@ -17,7 +17,6 @@ from recovery.counts import STUCK_LABELS, stuck_causes
 from recovery.models import (
     DecisionState,
     RunSearch,
-    RunState,
     StepExecution,
     WorkflowRun,
 )
@@ -110,7 +109,7 @@ class RunFilters:
         age = text("age")
         after = text("after")
         return cls(
-            state=state if state in RunState.values else "",
+            state=state if state in counts.list_states() else "",
             workflow=text("workflow", 100),
             version=_version(text("version", 20)),
             stuck=stuck if stuck in STUCK_LABELS or stuck == "any" else "",
@@ -131,7 +130,7 @@ class RunFilters:
         than 24h"), for a page that found nothing; "" when there are none."""
         parts = []
         if self.state:
-            parts.append(f"that are {RunState(self.state).label.lower()}")
+            parts.append(f"that are {counts.list_states()[self.state].lower()}")
         if self.stuck:
             parts.append("stuck" if self.stuck == "any" else f"stuck: {STUCK_LABELS[self.stuck].lower()}")
         if self.workflow:
@@ -154,7 +153,7 @@ class RunFilters:
         """The runs matching every filter but the search (``q``), with ``id < before``."""
         qs = WorkflowRun.objects.all()
         if self.state:
-            qs = qs.filter(state=self.state)
+            qs = qs.filter(counts.state_filter(self.state))
         if self.workflow:
             qs = qs.filter(workflow_name=self.workflow)
         if self.version is not None:
@@ -299,7 +298,9 @@ def uncounted() -> dict[str, list[dict[str, Any]]]:
     """The state and stuck chips without their numbers (``count`` None), for a page whose counts
     are fetched apart."""
     return {
-        "state_counts": [{"state": s.value, "label": s.label, "count": None, "capped": False} for s in RunState],
+        "state_counts": [
+            {"state": s, "label": lb, "count": None, "capped": False} for s, lb in counts.list_states().items()
+        ],
         "stuck_counts": [
             {"cause": key, "label": label, "count": None, "capped": False} for key, label in STUCK_LABELS.items()
         ],

@@ -13,7 +13,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count
 from django.db.models.functions import TruncHour
 
-from recovery import clock, counts, registry
+from recovery import clock, counts, registry, validation
 from recovery.actions import (
     ACTIONS,
     BULK_ACTIONS,
@@ -206,14 +206,23 @@ def decision_tools(
     detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime, pairs: list | None = None
 ) -> list[dict[str, Any]]:
     """The accepted decisions this user may replace now (edited, or asked of the model again),
-    each with its JSON for the form."""
+    each with its JSON for the form; and the model steps whose output never validated, whose
+    decision this user may write by hand: prefilled from the last invalid output (or the
+    schema's example), with the schema's fields."""
     pairs = offered(detail, user, now=now) if pairs is None else pairs
     editable = {step for name, step in pairs if name == "supersede"}
-    return [
+    tools = [
         {"step": d.step_name, "json": json.dumps(d.accepted, indent=2, sort_keys=True)}
         for d in detail["accepted"]
         if d.step_name in editable
     ]
+    last_invalid = {d.step_name: d for d in detail["invalid"]}  # oldest first: the last one wins
+    for step in sorted(editable - {t["step"] for t in tools}):
+        schema = detail["workflow"].get_step(step).decision_schema
+        proposal = last_invalid[step].invalid_output if step in last_invalid else None
+        skeleton = validation.skeleton(schema, proposal)
+        tools.append({"step": step, "json": json.dumps(skeleton, indent=2), "fields": validation.fields_of(schema)})
+    return tools
 
 
 def _as_request(action: Action) -> Action:

@@ -105,7 +105,7 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         "filters": filters,
         "stuck_labels": counts.STUCK_LABELS,
         "ages": list(selectors.AGES),
-        "states": WorkflowRun._meta.get_field("state").choices,
+        "states": list(counts.list_states().items()),
         "can_bulk": can(request.user, "bulk"),
         "bulk_actions": services.bulk_choices(request.user),
         "bulk_targets": services.bulk_targets(request.user),

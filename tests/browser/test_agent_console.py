@@ -63,7 +63,8 @@ def test_an_operator_stops_the_agent_and_resumes_it_from_the_run_page(page_as, c
     expect(page.locator('.refusal[data-refusal="resolve"]')).to_contain_text(
         "Agent resolve stopped: stopped by operator"
     )
-    expect(page.locator("#run-head")).to_contain_text("the agent resolve was stopped by operator: the customer called")
+    expect(page.locator("#run-head")).to_contain_text("agent resolve stopped by operator at ")
+    expect(page.locator("#run-head")).to_contain_text("(the customer called): resume to let it go on")
     shot(page, "agent-stopped")
 
     open_run(page, live_server, run)

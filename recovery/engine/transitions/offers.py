@@ -15,8 +15,8 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from recovery import permissions, registry
 from recovery.actions import ACTIONS, StepArg
-from recovery.errors import InvalidTransition, NotPermitted
-from recovery.models import Alert, AlertState, RunState, StepExecution, StepState, WorkflowRun
+from recovery.errors import ErrorKind, InvalidTransition, NotPermitted
+from recovery.models import AGENT_STOPPED, Alert, AlertState, RunState, StepExecution, StepState, WorkflowRun
 from recovery.workflow import Workflow, journal_rows, parse_journal_name, workflow_of
 
 from ._core import _live_lease
@@ -25,7 +25,6 @@ from .tables import RUN_TRANSITIONS, TERMINAL_RUN_STATES
 # A step in one of these has (had) its effect undone: the run cannot go forward past it.
 UNDONE_STEP_STATES = frozenset({StepState.COMPENSATING, StepState.COMPENSATED, StepState.COMPENSATION_FAILED})
 UNDOABLE_STEP_STATES = (StepState.SUCCEEDED, StepState.COMPENSATION_FAILED)
-AGENT_STOPPED = "agent_stopped"  # the rule of the hold an operator's stop puts on an agent step
 
 
 @dataclass
@@ -270,7 +269,7 @@ def _decision(s: Situation, step_name: str | None, actor) -> str:
         return f"run {run.workflow_id} is {run.state}; a decision can only be replaced on a stopped run"
     if not s.workflow.get_step(step_name).is_decision:
         return f"{step_name} is not a model step: it has no decision to replace"
-    if step.state != StepState.SUCCEEDED:
+    if step.state != StepState.SUCCEEDED and not never_validated(step):
         return f"step {step_name} has no accepted decision"
     # A later read is made again from the new decision (decision_supersede): only a step that may
     # have sent something built from the old one stops the change.
@@ -291,6 +290,13 @@ def _decision(s: Situation, step_name: str | None, actor) -> str:
             "longer change for this run (compensate and start the business event again, or terminate)"
         )
     return ""
+
+
+def never_validated(step: StepExecution) -> bool:
+    """A model step stopped on output that did not match its schema: no decision was ever
+    accepted, and a person may write one (or ask the model again)."""
+    held = step.state in (StepState.FAILED, StepState.PENDING)
+    return held and step.last_error_kind == ErrorKind.INVALID_MODEL_OUTPUT
 
 
 def _override(s: Situation, step_name: str | None, actor) -> str:

@@ -14,7 +14,7 @@ from recovery.errors import InvalidTransition
 from recovery.models import ApprovalRequest, WorkflowRun
 from recovery.permissions import role_of
 
-from . import agents, alerts, compensation, offers, operator, versions
+from . import agents, alerts, compensation, decisions, offers, operator, versions
 
 
 def perform(
@@ -48,7 +48,7 @@ def perform(
         raise InvalidTransition(f"{action} needs a step")
     transition = next(
         getattr(m, spec.transition)
-        for m in (operator, compensation, alerts, agents, versions)
+        for m in (operator, decisions, compensation, alerts, agents, versions)
         if hasattr(m, spec.transition)
     )
     arguments = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
