@@ -75,6 +75,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "recovery.console.context.roles",
+                "recovery.console.context.executor_health",
             ],
         },
     },
@@ -133,12 +134,16 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# How often a sweeper looks for due work: Celery beat's sweep, and the embedded executor's beat.
+RECOVERY_SWEEP_SECONDS = float(env("RECOVERY_SWEEP_SECONDS", "5"))
+if RECOVERY_SWEEP_SECONDS <= 0:
+    raise ImproperlyConfigured("RECOVERY_SWEEP_SECONDS must be > 0")
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {
         "task": "recovery.tasks.sweep",
-        "schedule": float(env("RECOVERY_SWEEP_SECONDS", "5")),
+        "schedule": RECOVERY_SWEEP_SECONDS,
         # A sweep stuck behind a backlog is stale by the time a worker gets it: drop it.
-        "options": {"expires": float(env("RECOVERY_SWEEP_SECONDS", "5"))},
+        "options": {"expires": RECOVERY_SWEEP_SECONDS},
     },
 }
 
@@ -160,6 +165,14 @@ if not 0 < RECOVERY_HEARTBEAT_SECONDS <= RECOVERY_LEASE_SECONDS / 2:
 RECOVERY_SETTLE_SECONDS = float(env("RECOVERY_SETTLE_SECONDS", "60"))
 if RECOVERY_SETTLE_SECONDS < 0:
     raise ImproperlyConfigured("RECOVERY_SETTLE_SECONDS must be ≥ 0")
+# An executor that has not beaten for this long is silent (docs/operating.md "Executors"): with
+# none beating, every console page says so, and runs due (or whose lease expired) this long
+# ago count as stuck, cause "no_executor". Default: three sweep intervals, at least one lease.
+RECOVERY_EXECUTOR_SILENT_SECONDS = float(
+    env("RECOVERY_EXECUTOR_SILENT_SECONDS", str(max(3 * RECOVERY_SWEEP_SECONDS, RECOVERY_LEASE_SECONDS)))
+)
+if RECOVERY_EXECUTOR_SILENT_SECONDS < RECOVERY_SWEEP_SECONDS:
+    raise ImproperlyConfigured("RECOVERY_EXECUTOR_SILENT_SECONDS must be at least RECOVERY_SWEEP_SECONDS")
 # A queued task for a run (or an outbox message) is not sent again by the sweeper until it is
 # this old without a worker having taken it: a backlog is not multiplied, a lost message is
 # re-sent (celery only).

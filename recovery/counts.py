@@ -13,7 +13,7 @@ from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connections
 from django.db.models import BooleanField, Count, F, Func, Min, Q, QuerySet
 
-from recovery import registry
+from recovery import executors, registry
 from recovery.errors import ErrorKind
 from recovery.models import (
     AGENT_STOPPED,
@@ -106,6 +106,12 @@ def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
         "version_not_deployed": (
             "Version not deployed",
             Q(state__in=IN_PROGRESS_RUN_STATES) & ~registry.deployed_filter(),
+        ),
+        # Due (or its lease expired) longer than RECOVERY_EXECUTOR_SILENT_SECONDS ago, unclaimed,
+        # and no executor is live (recovery.executors): nothing will move it until one starts.
+        "no_executor": (
+            "No executor",
+            executors.unclaimed(now) & registry.deployed_filter() & executors.none_live(now),
         ),
     }
 

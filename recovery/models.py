@@ -480,3 +480,31 @@ class AlertDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"alert {self.alert_id} by {self.channel} ({self.state})"
+
+
+class ExecutorMode(models.TextChoices):
+    EMBEDDED = "embedded", "embedded loop"  # manage.py run_executor
+    CELERY = "celery", "celery worker"  # the worker that ran recovery.tasks.sweep
+
+
+class Executor(models.Model):
+    """A process that advances runs, as it last reported itself (recovery.engine.transitions.
+    executors: registered when it starts, beaten at least once per sweep interval, stopped on a
+    clean exit; pruned a day after its last beat). ``owner`` is the string it writes as a run's
+    ``lease_owner``: the runs it holds are read from the runs' leases, never counted here."""
+
+    owner = models.CharField(max_length=200, unique=True)
+    host = models.CharField(max_length=200)
+    pid = models.PositiveIntegerField()
+    mode = models.CharField(max_length=10, choices=ExecutorMode.choices)
+    version = models.CharField(max_length=40)  # the code's version (the package's)
+    workflows = models.JSONField(default=dict)  # {name: [versions it has]} (recovery.registry)
+    started_at = models.DateTimeField()
+    last_beat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)  # a clean exit; None while it runs (or died)
+
+    class Meta:
+        indexes = [models.Index(fields=["last_beat_at"], name="executor_last_beat_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.mode} executor {self.owner}"

@@ -15,6 +15,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 from recovery.engine import executor, publisher, transitions
 from recovery.errors import DatabaseUnavailable
+from recovery.models import ExecutorMode
 from recovery.observability import alerts
 
 DB_RETRIES = 8  # 1, 2, 4 … 60 s: about five minutes of outage; after that, the sweeper
@@ -67,8 +68,10 @@ def sweep(limit: int = 500) -> int:
     """Queue a task for each run whose retry time came or whose lease expired, and for each
     outbox message due for delivery, unless one is already queued (``dispatched_at``): a lost
     broker message delays work but never loses it; a duplicated one is refused by the lease
-    (or the outbox claim). It also raises, resolves and sends the alerts on stuck runs."""
+    (or the outbox claim). It also raises, resolves and sends the alerts on stuck runs, and
+    records the worker that ran it as a live executor (``Executor``, mode celery)."""
     transitions.sweeper_beat(name="celery beat")
+    transitions.executor_beat(mode=ExecutorMode.CELERY)  # this worker, in the record of live executors
     alerts.sweep()
     run_pks = transitions.runs_dispatch(limit=limit)
     for run_pk in run_pks:

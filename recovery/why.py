@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.utils.timezone import localtime
 
-from recovery import registry
+from recovery import executors, registry
 from recovery.actions import ACTIONS
 from recovery.engine.transitions import AGENT_STOPPED, TERMINAL_RUN_STATES, UNDONE_STEP_STATES, lease_is_live
 from recovery.errors import ErrorKind
@@ -56,8 +56,11 @@ def why_not_moving(
     now: datetime,
     approvals: Iterable[ApprovalRequest] = (),
     outbox: Iterable[OutboxMessage] = (),
+    executor_live: bool | None = None,
 ) -> str:
-    """One sentence: what the run waits for, or what a person must do."""
+    """One sentence: what the run waits for, or what a person must do. ``executor_live``: whether
+    some executor is live (recovery.executors), when the caller knows; else read here, only for a
+    run that waits for one."""
     steps = sorted(steps, key=lambda s: s.order)
     pending = [a for a in approvals if a.state == ApprovalState.PENDING]
     state = run.state
@@ -78,6 +81,9 @@ def why_not_moving(
         return f"held by executor {run.lease_owner} until {_at(run.lease_expires_at)} (lease){doing}"
     if state in IN_PROGRESS_RUN_STATES and not registry.has(run.workflow_name, run.workflow_version):
         return version_not_deployed(run)
+    since = executors.unclaimed_since(run, now)
+    if since is not None and not (executors.any_live(now) if executor_live is None else executor_live):
+        return no_executor(run, since)
     if state == RunState.RUNNING:
         return (
             f"the lease of {run.lease_owner or 'its executor'} expired at {_at(run.lease_expires_at)}: "
@@ -121,6 +127,16 @@ def agent_stopped(agent: StepExecution) -> str:
     at = f" at {localtime(agent.updated_at):%H:%M:%S %Z}" if agent.updated_at else ""
     because = f" ({reason})" if reason else ""
     return f"agent {agent.step_name} {who}{at}{because}: resume to let it go on, or fork it from a turn"
+
+
+def no_executor(run: WorkflowRun, since: datetime) -> str:
+    """A run due (or whose lease expired) longer than the silent threshold, with no executor live."""
+    at = f"{localtime(since):%H:%M:%S %Z}"
+    if run.state == RunState.RUNNING:
+        was = f"the lease of {run.lease_owner or 'its executor'} expired at {at}"
+    else:
+        was = f"due since {at}"
+    return f"{was}, but no executor is running: {executors.START_HINT}"
 
 
 def version_not_deployed(run: WorkflowRun) -> str:
@@ -229,8 +245,10 @@ def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:
         pending = ApprovalRequest.objects.filter(run_id__in=moving, state=ApprovalState.PENDING)
         for request in pending.select_related("requested_by"):
             approvals[request.run_id].append(request)
+    waiting = any(executors.unclaimed_since(run, now) is not None for run in runs)
+    live = executors.any_live(now) if waiting else True  # one query, for a page that needs it
     for run in runs:
-        run.why = why_not_moving(run, steps[run.pk], now=now, approvals=approvals[run.pk])
+        run.why = why_not_moving(run, steps[run.pk], now=now, approvals=approvals[run.pk], executor_live=live)
         run.partly_compensated = run.state == RunState.COMPLETED and any(
             s.state == StepState.COMPENSATED for s in steps[run.pk]
         )

@@ -13,7 +13,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Count
 from django.db.models.functions import TruncHour
 
-from recovery import clock, counts, registry, validation
+from recovery import clock, counts, executors, registry, validation
 from recovery.actions import (
     ACTIONS,
     BULK_ACTIONS,
@@ -25,7 +25,7 @@ from recovery.actions import (
     parse_version,
 )
 from recovery.console import selectors
-from recovery.engine import transitions
+from recovery.engine import evidence, transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
 from recovery.models import (
     FAILURE_ACTIONS,
@@ -42,9 +42,6 @@ from recovery.models import (
 from recovery.observability import exposition
 from recovery.permissions import can
 
-# The column's size: a longer evidence reference is refused with a message, not a database error.
-REMOTE_REF_MAX_LENGTH = StepExecution._meta.get_field("remote_ref").max_length
-
 
 def apply_action(
     *,
@@ -60,27 +57,30 @@ def apply_action(
     hours: str | None = None,
     to_version: str | None = None,
     effects_stand: bool = False,
+    result: str | None = None,
 ) -> str:
     """Apply one operator action; returns the message to show. On a workflow with four-eyes
     actions, compensate, terminate and "it succeeded" become a request for approval, and
     ``approve``/``reject`` decide request ``request_id``. Raises InvalidTransition
     (RunChanged when the page was stale) and WorkflowRun.DoesNotExist."""
     common = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect}
-    if len(remote_ref.strip()) > REMOTE_REF_MAX_LENGTH:
-        raise InvalidTransition(f"a remote id has at most {REMOTE_REF_MAX_LENGTH} characters")
     if action in ("approve", "reject"):
         return _decide(action, request_id, workflow_id=workflow_id, actor=actor, reason=reason, expect=expect)
     spec = ACTIONS.get(action)
     edited = parse_decision(decision) if spec and spec.decision else None
     duration = parse_hours(hours) if spec and spec.duration else None
     moving = {"version": parse_version(to_version), "effects_stand": effects_stand} if spec and spec.version else {}
+    transitions.require_reason(reason)  # before the receiver is asked for the evidence
+    checked = evidence.examine(
+        action, workflow_id=workflow_id, step_name=step, remote_ref=remote_ref, result=result, actor=actor
+    )
     try:
         run = transitions.perform(
-            action, step_name=step, remote_ref=remote_ref, decision=edited, hours=duration, **moving, **common
+            action, step_name=step, evidence=checked, decision=edited, hours=duration, **moving, **common
         )
     except ApprovalRequired:
         # The workflow puts it behind four eyes: the same form asks for it instead.
-        transitions.approval_request(action=action, step_name=step, remote_ref=remote_ref, **moving, **common)
+        transitions.approval_request(action=action, step_name=step, evidence=checked, **moving, **common)
         label = transitions.LABELS[action]
         return f"{label} requested: another supervisor must approve it before it runs"
     target = f" ({step})" if step else ""
@@ -110,6 +110,12 @@ class Action:
     # The versions a run may be moved to: (version, what a move there would do or why not, chosen)
     versions: tuple[tuple[int, str, bool], ...] = ()
     effects_question: bool = False  # a target rekeys a finished step: does its effect stand?
+    # recovery.console.panel: what it does and could send, its `manage.py recover` line, and
+    # whether it is the one recommended for the run's stuck cause (shown first, the rest folded)
+    does: str = ""
+    sends: str = ""
+    command: str = ""
+    recommended: bool = False
 
 
 # Where the console shows each action: the decision tools sit with the model's decision.
@@ -227,13 +233,10 @@ def decision_tools(
 
 def _as_request(action: Action) -> Action:
     """On a four-eyes workflow, the action's button asks for it instead."""
-    return Action(
-        action.name,
-        f"Request: {action.label}",
-        action.step,
+    return replace(
+        action,
+        label=f"Request: {action.label}",
         confirm=f"{action.confirm or action.label + '?'} A second supervisor must approve it before it runs.",
-        evidence=action.evidence,
-        durations=action.durations,
     )
 
 
@@ -475,6 +478,7 @@ def dashboard(*, now: datetime) -> dict[str, Any]:
         "engine": _engine_counters(workflows),
         "oldest_undelivered": round(counts.oldest_undelivered(now)),
         "firing": _firing(),
+        "executors": executors.listing(now),  # recovery.executors: who advances runs, and what each holds
         "now": now,
     }
 

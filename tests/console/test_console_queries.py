@@ -37,12 +37,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # choices: old runs of a workflow no longer registered included), one index entry per name, and
 # the versions of runs stuck because their version is not deployed (the version filter's choices
 # beside the registered ones: a short walk of the runs in progress, no count).
-RUNS_PAGE_QUERIES = 8
+# A whole page (base.html) also reads whether any executor is live (the "no executor" banner):
+# one aggregate over the executors' few rows; an htmx part does not.
+RUNS_PAGE_QUERIES = 9
 RUNS_TABLE_QUERIES = 6  # an htmx refresh of the table: no filter form
 COUNTS_QUERIES = 5  # the counts part (on load, and its refresh): no page of runs
 # Session, user, role, the run, its steps, audit events, decisions, outbox, alerts (their deliveries
-# only when it has some), saved versions, timeline.
-RUN_PAGE_QUERIES = 11
+# only when it has some), saved versions, timeline, its stuck causes, and whether any executor is live.
+RUN_PAGE_QUERIES = 13
 
 SEARCH = "order:t:a"
 

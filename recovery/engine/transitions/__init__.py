@@ -44,6 +44,7 @@ from .compensation import (
     run_compensation_done,
 )
 from .decisions import decision_supersede
+from .executors import executor_beat, executor_register, executor_stop, executors_prune
 from .leases import (
     claimable,
     outbox_dispatch,
@@ -209,4 +210,8 @@ __all__ = [
     "step_retry",
     "step_succeed",
     "sweeper_beat",
+    "executor_beat",
+    "executor_register",
+    "executor_stop",
+    "executors_prune",
 ]
