@@ -21,6 +21,7 @@ import pydantic
 
 from recovery.errors import InvalidModelOutput
 from recovery.models import StepExecution, StepState
+from recovery.validation import problem_text, problems_of
 from recovery.workflow import (
     AgentContext,
     AgentPolicy,
@@ -148,9 +149,8 @@ def read_reply(policy: AgentPolicy, raw: Any, turn: int) -> Reply:
     try:
         final = policy.schema.model_validate(json.loads(content)).model_dump(mode="json")
     except (ValueError, pydantic.ValidationError) as exc:
-        raise InvalidModelOutput(
-            f"final answer does not match {policy.schema.__name__}: {exc}"[:2000], raw_output=text
-        ) from exc
+        message = problem_text(f"final answer does not match {policy.schema.__name__}", problems_of(exc))
+        raise InvalidModelOutput(message, raw_output=text) from exc
     return Reply(content=content, final=final)
 
 

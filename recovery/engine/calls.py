@@ -19,6 +19,7 @@ from recovery.engine import failpoints, heartbeat, metrics, transitions
 from recovery.engine.transitions import Lease
 from recovery.errors import DatabaseUnavailable, InvalidModelOutput, StepError, classify
 from recovery.models import WorkflowRun
+from recovery.validation import problem_text, problems_of
 from recovery.workflow import Outcome, StepContext, StepSpec
 
 log = logging.getLogger("recovery.executor")
@@ -108,9 +109,9 @@ def validate_decision(spec: StepSpec, raw: Any) -> dict[str, Any]:
         data = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
         return spec.decision_schema.model_validate(data).model_dump(mode="json")
     except (ValueError, pydantic.ValidationError) as exc:
-        raise InvalidModelOutput(
-            f"model output does not match {spec.decision_schema.__name__}: {exc}"[:2000], raw_output=text
-        ) from exc
+        # Every problem, one a line (bounded): the console and show_run show the whole list.
+        message = problem_text(f"model output does not match {spec.decision_schema.__name__}", problems_of(exc))
+        raise InvalidModelOutput(message, raw_output=text) from exc
 
 
 def as_outcome(raw: Any) -> Outcome:

@@ -181,8 +181,12 @@ def act(action: str, run: WorkflowRun, step: str | None, actor) -> None:
         actor=actor,
         reason="state x action walk",
         remote_ref="evidence-1",
-        decision=accepted.accepted if accepted is not None else None,
+        decision=accepted.accepted if accepted is not None else _BY_HAND if action == "supersede" else None,
     )
+
+
+# A decision written by hand where the model's output never validated (issue 33).
+_BY_HAND = {"category": "office", "amount": 120, "approver": "alice"}
 
 
 class _Undo(Exception):

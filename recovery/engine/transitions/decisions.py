@@ -9,12 +9,14 @@ from typing import Any
 import pydantic
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import Max
 
 from recovery import clock
 from recovery.engine import dispatch
 from recovery.errors import InvalidTransition
 from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.validation import one_line, problem_text, problems_of
 from recovery.workflow import StepSpec, workflow_of
 
 from . import offers
@@ -50,7 +52,12 @@ def decision_supersede(
     a new version, checked by the guards when the run goes on; without, the step asks the model
     again. Only while no later step has sent a request built from the old one: its key would
     then carry a different payload. A later step's refusal and overrides are cleared (they were
-    about the old decision)."""
+    about the old decision).
+
+    On a model step whose output never validated (no accepted decision; offers._decision), the
+    same two: a decision written by a person — validated the same way, recorded as the next
+    version after the invalid outputs with no proposal, and the step succeeds with it — or the
+    model asked again with a fresh budget."""
     reason = require_reason(reason)
     now = now or clock.now()
     with transaction.atomic():
@@ -61,23 +68,30 @@ def decision_supersede(
             .filter(run=run, step_name=step_name, state=DecisionState.ACCEPTED)
             .first()
         )
-        if old is None:
-            raise InvalidTransition(f"step {step_name} has no accepted decision")
         spec = workflow_of(run).get_step(step_name)
         accepted = None if decision is None else _redacted(run, _validated(spec, decision))
         step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        if old is None and step.state == StepState.SUCCEEDED:
+            raise InvalidTransition(f"step {step_name} has no accepted decision")
         later = list(StepExecution.objects.select_for_update().filter(run=run, position__gt=step.position))
-        before = {**_snap(run, step), "decision_version": old.version, "decision": old.accepted}
-        old.state = DecisionState.SUPERSEDED
-        old.superseded_reason = redact_text(reason)
-        old.save(update_fields=["state", "superseded_reason"])
+        if old is None:  # its output never validated (offers._decision): nothing to supersede
+            before = {**_snap(run, step), "decision_version": None, "decision": None}
+            latest = _latest_version(run, step_name)
+        else:
+            before = {**_snap(run, step), "decision_version": old.version, "decision": old.accepted}
+            latest = old.version
+            old.state = DecisionState.SUPERSEDED
+            old.superseded_reason = redact_text(reason)
+            old.save(update_fields=["state", "superseded_reason"])
         if accepted is None:  # ask the model again
             step.state = StepState.PENDING
             step.remote_ref = ""
             step.result = None
             after_extra: dict[str, Any] = {}
         else:
-            version = old.version + 1
+            version = latest + 1
+            if step.state != StepState.SUCCEEDED:  # written by hand in place of output that never validated
+                step.state = _check(STEP_TRANSITIONS, "attempt_succeed", step.state, "step")
             ModelDecision.objects.create(
                 run=run,
                 step_name=step_name,
@@ -90,7 +104,7 @@ def decision_supersede(
             )
             step.remote_ref = f"decision v{version}"
             step.result = accepted
-            after_extra = {"decision_version": version, "decision": accepted}
+            after_extra = {"decision_version": version, "decision": accepted, "set_by": _actor_fields(actor)["actor"]}
         _fresh_budget(step)
         _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
         workflow = workflow_of(run)
@@ -127,7 +141,15 @@ def decision_supersede(
         return run
 
 
+def _latest_version(run: WorkflowRun, step_name: str) -> int:
+    """The step's highest decision version (0: only invalid outputs, which are all version 0)."""
+    found = ModelDecision.objects.filter(run=run, step_name=step_name).aggregate(v=Max("version"))["v"]
+    return found or 0
+
+
 def _validated(spec: StepSpec, decision: Any) -> dict[str, Any]:
+    """The decision as the step's schema accepts it; else InvalidTransition naming every
+    problem (bounded, recovery.validation), on one line."""
     if spec.decision_schema is None:
         raise InvalidTransition(f"{spec.name} is not a model step: it has no decision to replace")
     if not isinstance(decision, dict):
@@ -135,5 +157,5 @@ def _validated(spec: StepSpec, decision: Any) -> dict[str, Any]:
     try:
         return spec.decision_schema.model_validate(decision).model_dump(mode="json")
     except pydantic.ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'decision'}: {e['msg']}" for e in exc.errors())
-        raise InvalidTransition(f"the decision does not match {spec.decision_schema.__name__}: {problems}") from None
+        headline = f"the decision does not match {spec.decision_schema.__name__}"
+        raise InvalidTransition(one_line(problem_text(headline, problems_of(exc)))) from None

@@ -54,8 +54,13 @@ class Command(RecoveryCommand):
         for s in doc["steps"]:
             # A step that got past its error keeps it as history, not as its state.
             earlier = "earlier: " if s["state"] in DONE_STEP_STATES else ""
-            err = f"  {earlier}[{s['last_error_kind']}] {s['last_error']}" if s["last_error_kind"] else ""
+            # An error of many lines (a validation error: one problem a line) is printed whole.
+            first, *more = (s["last_error"] or "").split("\n")
+            err = f"  {earlier}[{s['last_error_kind']}] {first}" if s["last_error_kind"] else ""
             write(f"  {s['name']:<28} {s['state']:<12} attempts={s['attempts']} ref={s['remote_ref'] or '-'}{err}")
+            if s["last_error_kind"]:
+                for line in more:
+                    write(f"      {line}")
             write(f"    key {s['idempotency_key']}")
             if s["refusal"]:
                 values = ", ".join(f"{k}={v}" for k, v in sorted(s["refusal"]["values"].items()))
@@ -66,7 +71,7 @@ class Command(RecoveryCommand):
         for e in doc["audit"]:
             step = f" {e['step']}" if e["step"] else ""
             reason = f": {e['reason']}" if e["reason"] else ""
-            write(f"    {e['at'][:19]}  {e['actor']:<14} {e['action']}{step}{reason}")
+            write(f"    {e['at'][:19]}  {e['actor']:<14} {e['action']}{step}{reason}".replace("\n", "\n      "))
 
 
 def _dumps(doc: dict) -> str:
