@@ -20,17 +20,17 @@ migrate: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py migrate --noinput --database sandbox
 
-# Console + embedded executor on SQLite; no servers needed. Ctrl-C stops both. Their metrics
-# (served at /metrics when RECOVERY_METRICS_TOKEN is set) are added up in var/prometheus.
+# Console + embedded executor on SQLite; no servers needed, under one supervisor (manage.py
+# run_local): an executor that dies is reported loudly and restarted; Ctrl-C or SIGTERM stops
+# both. Their metrics (served at /metrics when RECOVERY_METRICS_TOKEN is set) are added up in
+# var/prometheus.
 run: export PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/var/prometheus
 run: migrate
 	mkdir -p "$(PROMETHEUS_MULTIPROC_DIR)" && rm -f "$(PROMETHEUS_MULTIPROC_DIR)"/*.db
 	$(PY) manage.py seed_demo
 	$(PY) manage.py demo_login
 	@echo "Recovery Console on http://127.0.0.1:$(PORT)/ (embedded executor running beside it)"
-	@trap 'kill 0' INT TERM EXIT; \
-	  $(PY) manage.py run_executor & \
-	  $(PY) manage.py runserver 127.0.0.1:$(PORT) --noreload
+	@exec $(PY) manage.py run_local --addr 127.0.0.1:$(PORT)
 
 # The whole suite, in TEST_WORKERS processes (pytest-xdist; each has its own test databases). Honours
 # DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/recovery), SANDBOX_DATABASE_URL and
