@@ -10,12 +10,22 @@ can all read it.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from recovery.errors import InvalidTransition
 from recovery.registry import version_number
+
+
+class Confirm(StrEnum):
+    """When the console asks before it performs an action (recovery.recommend says what may be
+    duplicated)."""
+
+    NEVER = "never"
+    ALWAYS = "always"  # it asserts absence, undoes effects, or stops the run for good
+    IF_UNKNOWN = "if_unknown"  # it may send again a request whose first one may have landed
 
 
 class StepArg(StrEnum):
@@ -38,14 +48,48 @@ class OperatorAction:
     duration: bool = False  # takes how long it lasts, in hours (--hours; its transition's default without)
     version: bool = False  # takes the workflow version to move the run to (--to-version), and --effects-stand
     options: dict[str, Any] = field(default_factory=dict)  # fixed arguments of the transition
+    # What it does and what it could send to another system, one sentence each ("{step}": its step),
+    # as the run page says it beside the button and ``show_run`` beside the command line.
+    does: str = ""
+    sends: str = ""
+    confirm: Confirm = Confirm.NEVER
 
 
 ACTIONS: dict[str, OperatorAction] = {
     action.name: action
     for action in (
-        OperatorAction("resume", "resume", "resume", "run_resume", bulk=True),
-        OperatorAction("retry", "retry", "retry", "step_retry", StepArg.REQUIRED, bulk=True),
-        OperatorAction("reconcile", "reconcile", "reconcile", "step_reconcile", StepArg.REQUIRED),
+        OperatorAction(
+            "resume",
+            "resume",
+            "resume",
+            "run_resume",
+            bulk=True,
+            does="goes on from the last checkpoint: steps that succeeded are kept, a blocked step gets a fresh "
+            "retry budget and a held proposal is checked by the guards again",
+            sends="a blocked step's request again under the same key (the receiver keeps its first result); "
+            "an unknown outcome is looked up first",
+            confirm=Confirm.IF_UNKNOWN,
+        ),
+        OperatorAction(
+            "retry",
+            "retry",
+            "retry",
+            "step_retry",
+            StepArg.REQUIRED,
+            bulk=True,
+            does="tries {step} again now, with a fresh retry budget",
+            sends="the same request again under the same key; the receiver keeps its first result",
+            confirm=Confirm.IF_UNKNOWN,
+        ),
+        OperatorAction(
+            "reconcile",
+            "reconcile",
+            "reconcile",
+            "step_reconcile",
+            StepArg.REQUIRED,
+            does="asks the receiver what became of {step} and records what it finds",
+            sends="nothing: it looks {step} up by its key",
+        ),
         OperatorAction(
             "resolve_happened",
             "mark succeeded",
@@ -55,6 +99,8 @@ ACTIONS: dict[str, OperatorAction] = {
             four_eyes=True,
             evidence=True,
             options={"happened": True},
+            does="records {step} as succeeded with the remote id you give, and the run goes on",
+            sends="nothing to {step}'s receiver; the next steps run as usual",
         ),
         OperatorAction(
             "resolve_absent",
@@ -63,17 +109,89 @@ ACTIONS: dict[str, OperatorAction] = {
             "step_resolve",
             StepArg.REQUIRED,
             options={"happened": False},
+            does="records that {step} did not happen: it becomes due again",
+            sends="{step}'s request again under the same key: its effect happens a second time if the first "
+            "request landed after the receiver was asked",
+            confirm=Confirm.ALWAYS,
         ),
-        OperatorAction("compensate", "compensate", "compensate", "run_compensate", StepArg.OPTIONAL, four_eyes=True),
-        OperatorAction("terminate", "terminate", "terminate", "run_terminate", four_eyes=True, bulk=True),
         OperatorAction(
-            "supersede", "change the decision", "supersede", "decision_supersede", StepArg.REQUIRED, decision=True
+            "compensate",
+            "compensate",
+            "compensate",
+            "run_compensate",
+            StepArg.OPTIONAL,
+            four_eyes=True,
+            does="undoes {what} with the declared compensations, latest first",
+            sends="each compensation's request (a cancellation, a refund) under its own key",
+            confirm=Confirm.ALWAYS,
         ),
-        OperatorAction("decide_again", "ask the model again", "supersede", "decision_supersede", StepArg.REQUIRED),
-        OperatorAction("override", "accept the refused proposal", "override", "step_override", StepArg.REQUIRED),
-        OperatorAction("snooze_alert", "snooze its alert", "snooze", "alert_snooze", duration=True),
-        OperatorAction("stop_agent", "stop the agent", "stop_agent", "agent_stop", StepArg.REQUIRED),
-        OperatorAction("fork_agent", "fork the agent from this turn", "fork_agent", "agent_fork", StepArg.REQUIRED),
+        OperatorAction(
+            "terminate",
+            "terminate",
+            "terminate",
+            "run_terminate",
+            four_eyes=True,
+            bulk=True,
+            does="stops the run for good; effects already made stay made",
+            sends="nothing",
+            confirm=Confirm.ALWAYS,
+        ),
+        OperatorAction(
+            "supersede",
+            "change the decision",
+            "supersede",
+            "decision_supersede",
+            StepArg.REQUIRED,
+            decision=True,
+            does="replaces the model's decision for {step} with the one you write (checked against its schema "
+            "and the guards), and the run goes on",
+            sends="nothing now; the next steps send what the new decision says",
+        ),
+        OperatorAction(
+            "decide_again",
+            "ask the model again",
+            "supersede",
+            "decision_supersede",
+            StepArg.REQUIRED,
+            does="asks the model again for {step}'s decision",
+            sends="a new request to the model only",
+        ),
+        OperatorAction(
+            "override",
+            "accept the refused proposal",
+            "override",
+            "step_override",
+            StepArg.REQUIRED,
+            does="lets {step} act on the proposal the guard refused, for this run only",
+            sends="{step}'s request as proposed",
+        ),
+        OperatorAction(
+            "snooze_alert",
+            "snooze its alert",
+            "snooze",
+            "alert_snooze",
+            duration=True,
+            does="silences the run's alert for a while; the run itself does not change",
+            sends="nothing",
+        ),
+        OperatorAction(
+            "stop_agent",
+            "stop the agent",
+            "stop_agent",
+            "agent_stop",
+            StepArg.REQUIRED,
+            does="stops the agent {step}: nothing more is asked of the model",
+            sends="nothing more",
+        ),
+        OperatorAction(
+            "fork_agent",
+            "fork the agent from this turn",
+            "fork_agent",
+            "agent_fork",
+            StepArg.REQUIRED,
+            does="asks the model again from before turn {step}; calls already made stay made",
+            sends="later tool calls under a new key version",
+        ),
         OperatorAction(
             "move_version",
             "move to another version",
@@ -82,6 +200,8 @@ ACTIONS: dict[str, OperatorAction] = {
             four_eyes=True,
             bulk=True,
             version=True,
+            does="moves the run to the version you choose: the steps it began keep their keys and outcomes",
+            sends="nothing now; the rest of the run follows that version",
         ),
     )
 }
@@ -94,6 +214,66 @@ DECISIONS = {"approve": "approve", "reject": "approve"}
 
 # action or decision -> the permission it needs
 PERMISSION_OF = {**{name: action.permission for name, action in ACTIONS.items()}, **DECISIONS}
+
+
+# The one action the console recommends for a run stuck for each cause (recovery.counts.
+# stuck_causes), in order of preference: the first one the run's state allows now is recommended
+# (recovery.recommend), the others stay under "more actions". A run stuck for several causes is
+# judged by the first of them in this table's order (the most specific first, "needs review" last).
+# A cause whose actions the run's state does not allow names what to do instead (NO_RUN_ACTION);
+# ALERT_FIRING: a run stuck for no cause any more whose alert still fires.
+ALERT_FIRING = "alert_firing"
+RECOMMENDED: dict[str, tuple[str, ...]] = {
+    "approval": (),
+    "no_executor": (),
+    "version_not_deployed": ("move_version",),
+    "agent_stopped": ("resume", "fork_agent"),
+    "unknown": ("reconcile",),
+    "lease_expired": ("reconcile",),
+    "exhausted": ("retry",),
+    "policy_refused": ("supersede", "override"),
+    "model_output": ("supersede", "decide_again", "retry"),
+    "failed_with_effects": ("compensate",),
+    "compensation_failed": ("compensate", "terminate"),
+    "message_undelivered": ("resume",),
+    "needs_review": ("resume",),
+    ALERT_FIRING: ("snooze_alert",),
+}
+NO_RUN_ACTION = {
+    "approval": "a second supervisor approves or turns down the request below; nothing else is needed",
+    "lease_expired": "another executor takes the run over once its lease is past: start one if none runs",
+    "no_executor": "start an executor (manage.py run_executor): no action on the run is needed, it goes on "
+    "once one runs",
+    "version_not_deployed": "deploy the run's version again: this deployment has no other version to move it to",
+}
+
+# What reconciling an unknown step sends, by how the step declares it is reconciled (contract.Reconcile).
+RECONCILE_SENDS = {
+    "lookup": "nothing: it looks {step} up by its key",
+    "resend": "{step}'s request again under the same key; the receiver keeps its first result",
+    "rerun": "nothing elsewhere: {step} is run again (it has no external effect)",
+}
+
+
+def command_line(
+    name: str, workflow_id: str, *, step: str | None = None, username: str = "<you>", to_version: int | None = None
+) -> str:
+    """The ``manage.py recover …`` equivalent of the console's action ``name`` (the same
+    transition, the same checks), with placeholders for what the operator types: ``<reason>``,
+    ``<remote id>``, ``<decision.json>``, ``<version>``."""
+    spec = ACTIONS[name]
+    parts = ["manage.py", "recover", name, workflow_id]
+    if step:
+        parts += ["--step", step]
+    if spec.evidence:
+        parts += ["--remote-ref", "<remote id>"]
+    if spec.decision:
+        parts += ["--decision-file", "<decision.json>"]
+    if spec.duration:
+        parts += ["--hours", f"{SNOOZE_DEFAULT_HOURS}"]
+    if spec.version:
+        parts += ["--to-version", f"{to_version}" if to_version is not None else "<version>"]
+    return shlex.join([*parts, "--reason", "<reason>", "--as", username])
 
 
 # How long a snooze may last: the console's choices (24 h unless another is chosen) and the most

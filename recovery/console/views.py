@@ -19,7 +19,7 @@ from django_htmx.http import HttpResponseStopPolling, reswap, retarget
 
 from recovery import clock, counts, why
 from recovery.actions import PERMISSION_OF
-from recovery.console import selectors, services
+from recovery.console import panel, selectors, services
 from recovery.engine.transitions import TERMINAL_RUN_STATES, lease_is_live, run_version
 from recovery.errors import InvalidTransition, NotPermitted, RunChanged
 from recovery.models import RunState, StepState, WorkflowRun
@@ -193,7 +193,7 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
     beyond = services.beyond_role(detail, pairs, now=now)
     approvals = services.pending_approvals(detail["run"], detail["workflow"], request.user)
     detail.update(
-        actions=services.available_actions(detail, request.user, now=now, pairs=pairs),
+        **panel.action_panel(detail, request.user, now=now, pairs=pairs),
         decision_tools=services.decision_tools(detail, request.user, now=now, pairs=pairs),
         approvals=approvals,
         why=why.why_not_moving(
@@ -260,6 +260,11 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
         return _flash(request, f"unknown action {action!r}", status=400)
     if not can(request.user, permission):
         return _flash(request, _not_allowed(request, permission, "runs"), status=403)
+    if request.POST.get("confirm") == "ask" and request.POST.get("confirmed") != "yes":
+        # A form whose button asks first, posted without its dialog (no JavaScript): ask here.
+        asked = _confirmation(request, workflow_id, action)
+        if asked is not None:
+            return asked
     try:
         message = services.apply_action(
             action=action,
@@ -268,6 +273,7 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
             reason=request.POST.get("reason", ""),
             expect=request.POST.get("version") or None,
             remote_ref=request.POST.get("remote_ref", ""),
+            result=request.POST.get("result"),
             decision=request.POST.get("decision"),
             hours=request.POST.get("hours"),
             to_version=request.POST.get("to_version"),
@@ -286,6 +292,22 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
     if not request.htmx:
         return redirect(reverse("console:run", args=[workflow_id]))
     return _render_run(request, workflow_id, message=message)
+
+
+def _confirmation(request: HttpRequest, workflow_id: str, action: str) -> HttpResponse | None:
+    """The page that asks what the button's dialog asks, the posted form kept to confirm it
+    (None when the action asks nothing now: it is performed)."""
+    try:
+        detail = selectors.run_detail(workflow_id)
+    except WorkflowRun.DoesNotExist:
+        return _flash(request, f"no run {workflow_id}", status=404)
+    step = request.POST.get("step") or None
+    asked = panel.question(detail, request.user, now=clock.now(), action=action, step=step)
+    if not asked:
+        return None
+    kept = [(k, v) for k, v in request.POST.items() if k not in ("csrfmiddlewaretoken", "confirmed")]
+    context = {"run": detail["run"], "question": asked, "fields": kept, "action": action, "step": step}
+    return render(request, "console/confirm.html", context)
 
 
 # --- dashboard ----------------------------------------------------------------------------

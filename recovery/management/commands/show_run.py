@@ -3,7 +3,7 @@ import time
 
 from django.core.management.base import CommandError
 
-from recovery import clock
+from recovery import clock, recommend
 from recovery.console.selectors import run_document
 from recovery.engine.transitions import DONE_STEP_STATES, lease_is_live
 from recovery.management.base import RecoveryCommand
@@ -41,6 +41,8 @@ class Command(RecoveryCommand):
         except WorkflowRun.DoesNotExist:
             raise CommandError(f"no run {workflow_id!r}") from None
         self._show(doc, json)
+        if not json:
+            _recommended(self.stdout.write, workflow_id)
         if moving:
             raise CommandError(f"{workflow_id} is still {doc['state']} after {wait:g} s: {doc['why']}")
 
@@ -72,6 +74,15 @@ class Command(RecoveryCommand):
             step = f" {e['step']}" if e["step"] else ""
             reason = f": {e['reason']}" if e["reason"] else ""
             write(f"    {e['at'][:19]}  {e['actor']:<14} {e['action']}{step}{reason}".replace("\n", "\n      "))
+
+
+def _recommended(write, workflow_id: str) -> None:
+    """The console's recommended action for a stuck run (recovery.recommend), with its command line."""
+    advice = recommend.for_run(WorkflowRun.objects.get(workflow_id=workflow_id), clock.now())
+    if advice is not None:
+        write(f"  recommended: {recommend.said(advice)}")
+        if advice.command:
+            write(f"    {advice.command}")
 
 
 def _dumps(doc: dict) -> str:
