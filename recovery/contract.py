@@ -158,6 +158,12 @@ class StepSpec:
     keep_invalid_output: bool = True
     intent_fn: Callable[[StepContext], dict[str, Any]] | None = None
     lookup_fn: Callable[[StepContext], Outcome | None] | None = None
+    # An operator's evidence "it succeeded, remote id X", checked at the receiver: the object
+    # X as the look-up by key would have found it, None when the receiver has no X; raises
+    # errors.NotThisStep when X exists but is another request's (recovery.engine.evidence).
+    lookup_ref_fn: Callable[[StepContext, str], Outcome | None] | None = None
+    # The step's result, declared: what an operator fills in when the receiver cannot be asked.
+    result_schema: type[pydantic.BaseModel] | None = None
     compensable: bool = False
     outbox: bool = False
     local: bool = False  # its effect is written to this database, in the transaction of its outcome
@@ -180,6 +186,24 @@ class StepSpec:
     def lookup(self, fn: Callable[[StepContext], Outcome | None]) -> Callable:
         self.lookup_fn = fn
         return fn
+
+    def lookup_ref(self, fn: Callable[[StepContext, str], Outcome | None]) -> Callable:
+        """Declare the look-up of this step's remote object by the receiver's own id
+        (``fn(ctx, remote_ref)``): how an operator's "it succeeded, remote id X" is checked
+        before it is recorded. Return the object's ``Outcome`` exactly as the step's call (or
+        its ``@lookup`` by key) would, None when the receiver has no such object, and raise
+        ``NotThisStep`` when it has one that another request made (another key, another
+        reference, another tenant)."""
+        self.lookup_ref_fn = fn
+        return fn
+
+    def evidence_rule(self) -> str:
+        """How an operator's "it succeeded" is checked for this step ("" when it cannot be)."""
+        if self.lookup_ref_fn is not None:
+            return "the remote id is looked up at the receiver and must be this step's"
+        if self.result_schema is not None:
+            return f"the operator fills the result ({self.result_schema.__name__}), validated"
+        return ""
 
     def guard(self, rule: str, *, description: str = "") -> Callable[[Callable], Callable]:
         """Declare a check that runs before each attempt's intent is checkpointed (after the

@@ -51,6 +51,11 @@ class PermanentError(StepError):
     kind = ErrorKind.PERMANENT
 
 
+class NotThisStep(PermanentError):
+    """A remote object found by an operator's id is not the step's own: another request (another
+    key, reference or tenant) made it. Raised by a step's ``@lookup_ref``."""
+
+
 class UnknownOutcome(StepError):
     kind = ErrorKind.UNKNOWN_OUTCOME
 

@@ -67,6 +67,7 @@ from recovery.contract import (  # noqa: F401  (re-exported: the authors' API)
     payload_hash,
     turn_name,
 )
+from recovery.errors import NotThisStep as NotThisStep  # re-exported: a @lookup_ref raises it
 from recovery.errors import PolicyRefusal as PolicyRefusal  # re-exported: a guard raises it
 from recovery.registry import (  # noqa: F401  (re-exported: the registry, as authors and the engine knew it)
     VersionNotDeployed,
@@ -224,6 +225,7 @@ class Workflow:
         name: str | None = None,
         timeout: float | Callable[[], float | None] | None = None,
         settle: timedelta | None = DEFAULT_SETTLE,
+        result: type[pydantic.BaseModel] | None = None,
     ) -> Callable[[Callable], StepSpec]:
         """Declare the next step. A step safe to re-run reconciles by re-running by default.
 
@@ -242,7 +244,11 @@ class Workflow:
         With ``local=True`` the step's effect is a write to the engine's own database: the
         executor calls it inside the transaction that records its outcome, so the effect and
         the outcome commit together or not at all, and an attempt cut short is simply run
-        again (exactly once, with no key or look-up needed)."""
+        again (exactly once, with no key or look-up needed).
+
+        ``result``: the pydantic model of the step's result. Where the receiver cannot be asked
+        by its own id (no ``@lookup_ref``), an operator's "it succeeded" fills it in, validated.
+        """
         if local:
             if outbox or reconcile not in (None, Reconcile.RERUN):
                 raise ValueError("a local step commits with its outcome: no outbox, and it reconciles by re-running")
@@ -265,6 +271,7 @@ class Workflow:
                 local=local,
                 timeout=timeout,
                 settle=settle,
+                result_schema=result,
             )
             if any(s.name == spec.name for s in self.steps):
                 raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")
@@ -378,10 +385,12 @@ class Workflow:
         description: str = "",
         timeout: float | Callable[[], float | None] | None = None,
         settle: timedelta | None = DEFAULT_SETTLE,
+        result: type[pydantic.BaseModel] | None = None,
     ) -> Callable[[Callable], ToolSpec]:
         """Declare a tool an agent step's model may call, with the same recovery contract as a
         step (``effect``, ``rerun``, ``reconcile`` with ``@tool.lookup``, ``@tool.compensate``,
-        ``@tool.guard``, ``retry``, ``timeout``, ``settle``: see ``step``). ``arguments`` is the
+        ``@tool.guard``, ``@tool.lookup_ref``, ``retry``, ``timeout``, ``settle``, ``result``: see
+        ``step``). ``arguments`` is the
         pydantic model of its arguments: its JSON schema is the tool's definition for the model,
         and every call's arguments are validated against it before anything is written; the
         validated arguments are the call's intent (``ctx.intent``). ``description`` (default: the
@@ -413,6 +422,7 @@ class Workflow:
                 local=local,
                 timeout=timeout,
                 settle=settle,
+                result_schema=result,
                 intent_fn=_arguments,
                 arguments=arguments,
                 description=description or _first_line(fn),

@@ -173,6 +173,7 @@ class Operation(models.TextChoices):
     SEND = "send"  # messages: POST /messages/
     POST = "post"  # ledger: POST /ledger/entries/
     FIND = "find"  # every service: the GET look-up (by idempotency key, client_ref, reference)
+    GET = "get"  # every service: GET one object by its own id (how an operator's evidence is checked)
     CORRECT = "correct"  # messages: POST /messages/<id>/corrections (the compensation)
     REVERSE = "reverse"  # ledger: POST /ledger/entries/<id>/reverse (the compensation)
 
@@ -181,9 +182,9 @@ class Operation(models.TextChoices):
 # compensations alike, so that each unknown-outcome path (including a reconciling look-up that
 # itself times out) can be reproduced.
 FAULTABLE = {
-    Service.TASKS: (Operation.CREATE, Operation.CANCEL, Operation.FIND),
-    Service.MESSAGES: (Operation.SEND, Operation.FIND, Operation.CORRECT),
-    Service.LEDGER: (Operation.POST, Operation.FIND, Operation.REVERSE),
+    Service.TASKS: (Operation.CREATE, Operation.CANCEL, Operation.FIND, Operation.GET),
+    Service.MESSAGES: (Operation.SEND, Operation.FIND, Operation.GET, Operation.CORRECT),
+    Service.LEDGER: (Operation.POST, Operation.FIND, Operation.GET, Operation.REVERSE),
 }
 
 

@@ -173,6 +173,18 @@ def _decimal(value) -> Decimal | None:
     return number if number.is_finite() else None
 
 
+def get_object(model, public_id: str, what: str) -> Reply:
+    """One object by its own id (``task_12``, ``msg_3``, ``le_7``): 404 when there is none."""
+    pk = parse_public_id(model.PREFIX, public_id)
+    manager = model.objects.using(DB)
+    if model is LedgerEntry:
+        manager = manager.select_related("reversal")
+    found = manager.filter(pk=pk).first() if pk is not None else None
+    if found is None:
+        return error(404, f"no {what} {public_id!r}")
+    return Reply(200, found.as_json())
+
+
 def cancel_task(task_id: str, *, reason: str) -> Reply:
     """Cancel a task, open or done. Idempotent: a cancelled task does not change, so the first
     reason is kept."""

@@ -20,6 +20,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from . import services
+from .models import LedgerEntry, Message, Task
 from .services import Reply
 
 
@@ -157,6 +158,11 @@ def tasks(request: HttpRequest) -> Reply:
     )
 
 
+@json_endpoint("GET")
+def task(request: HttpRequest, task_id: str) -> Reply:
+    return services.run_faultable("tasks", "get", lambda: services.get_object(Task, task_id, "task"))
+
+
 @json_endpoint("POST")
 def task_cancel(request: HttpRequest, task_id: str) -> Reply:
     reason = required_str(body_object(request), "reason")
@@ -176,6 +182,11 @@ def messages(request: HttpRequest) -> Reply:
     return services.run_faultable(
         "messages", "send", lambda: services.send_message(to=to, text=text, client_ref=client_ref)
     )
+
+
+@json_endpoint("GET")
+def message(request: HttpRequest, message_id: str) -> Reply:
+    return services.run_faultable("messages", "get", lambda: services.get_object(Message, message_id, "message"))
 
 
 @json_endpoint("POST")
@@ -204,6 +215,11 @@ def ledger_entries(request: HttpRequest) -> Reply:
         "memo": optional_str(body, "memo"),
     }
     return services.run_faultable("ledger", "post", lambda: services.post_entry(**fields))
+
+
+@json_endpoint("GET")
+def ledger_entry(request: HttpRequest, entry_id: str) -> Reply:
+    return services.run_faultable("ledger", "get", lambda: services.get_object(LedgerEntry, entry_id, "ledger entry"))
 
 
 @json_endpoint("POST")

@@ -296,6 +296,7 @@ MATRIX: list[Row] = [
         headers=lambda w: {"Idempotency-Key": "matrix-key"},
         changes=True,
     ),
+    Row("sandbox:task", "tracker: one task", SANDBOX_KEY, {"GET": 200}, url=lambda w: f"/sandbox/tasks/{w.task_id}"),
     Row(
         "sandbox:task-cancel",
         "tracker: cancel",
@@ -317,6 +318,13 @@ MATRIX: list[Row] = [
         changes=True,
     ),
     Row(
+        "sandbox:message",
+        "messenger: one message",
+        SANDBOX_KEY,
+        {"GET": 200},
+        url=lambda w: f"/sandbox/messages/{w.sandbox_message}",
+    ),
+    Row(
         "sandbox:message-corrections",
         "messenger: correct",
         SANDBOX_KEY,
@@ -335,6 +343,13 @@ MATRIX: list[Row] = [
         body=lambda w: {"reference": "matrix-ref", "amount": "1.00", "currency": "EUR", "account": "6000"},
         json_body=True,
         changes=True,
+    ),
+    Row(
+        "sandbox:ledger-entry",
+        "ledger: one entry",
+        SANDBOX_KEY,
+        {"GET": 200},
+        url=lambda w: f"/sandbox/ledger/entries/{w.entry_id}",
     ),
     Row(
         "sandbox:ledger-reverse",

@@ -109,7 +109,12 @@ def test_unknown_outcome_is_reconciled_manually_with_evidence(clock, monkeypatch
     notify = run.steps.get(step_name="notify")
     assert (notify.state, notify.remote_ref) == (StepState.SUCCEEDED, message_id)
     event = AuditEvent.objects.get(run=run, action="resolve")
-    assert event.after["evidence"] == {"happened": True, "remote_ref": message_id}
+    assert event.after["evidence"] == {
+        "happened": True,
+        "remote_ref": message_id,
+        "checked": f"looked up at the receiver: {message_id} is this step's",
+    }
+    assert notify.result == {"message_id": RemoteObject.objects.get(kind="message").pk}  # what the receiver said
     monkeypatch.undo()
     run = drive(run, clock)
     assert run.state == RunState.COMPLETED

@@ -20,7 +20,7 @@ from recovery.models import AuditEvent, RunState, StepState
 from recovery.testing import fault_matrix
 from recovery.workflow import compensation_key, get_workflow
 from tests.support import receivers
-from tests.support.engine import advance_as_dying_workers, assert_invariants, drive, person
+from tests.support.engine import advance_as_dying_workers, assert_invariants, drive, person, resolve_happened
 from tests.support.models import RemoteObject
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -515,12 +515,11 @@ def test_an_operator_settles_an_unknown_tool_outcome_with_evidence_and_the_agent
     assert call.state == StepState.UNKNOWN and receivers.counts()["ledger"] == 1
 
     entry = RemoteObject.objects.get(kind="ledger")
-    transitions.step_resolve(
+    resolve_happened(
         workflow_id=run.workflow_id,
         step_name=call.step_name,
         actor=person("sue"),
         reason="found it in the ledger by hand",
-        happened=True,
         remote_ref=f"entry-{entry.pk}",
     )
     run = drive(run, clock)

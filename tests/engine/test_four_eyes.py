@@ -13,6 +13,7 @@ from django.test import Client
 from django.urls import reverse
 
 from recovery.console import services
+from recovery.engine import evidence
 from recovery.engine.audit import chain as audit_chain
 from recovery.engine.transitions import (
     approval_grant,
@@ -143,13 +144,12 @@ def test_a_request_is_only_made_for_an_action_that_would_run_now(clock, people):
     with pytest.raises(InvalidTransition, match="no completed step with a compensation"):
         approval_request(workflow_id=run.workflow_id, action="compensate", actor=people["alice"], reason="undo")
     with pytest.raises(InvalidTransition, match="is not waiting for reconciliation"):
-        approval_request(
+        evidence.examine(
+            "resolve_happened",
             workflow_id=run.workflow_id,
-            action="resolve_happened",
             step_name="create_task",
             remote_ref="task-1",
             actor=people["alice"],
-            reason="seen it",
         )
     plain = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "plain"})[0], clock)
     with pytest.raises(InvalidTransition, match="needs no approval on test_orders runs"):
@@ -206,9 +206,12 @@ def test_mark_succeeded_needs_approval_but_it_did_not_happen_does_not(clock, mon
     assert step.state == StepState.UNKNOWN
     ref = f"msg-{RemoteObject.objects.get(kind='message').pk}"
     common = {"workflow_id": run.workflow_id, "step_name": "notify", "reason": "seen in the messenger"}
+    checked = evidence.examine(
+        "resolve_happened", workflow_id=run.workflow_id, step_name="notify", remote_ref=ref, actor=people["olga"]
+    )
     with pytest.raises(ApprovalRequired):
-        step_resolve(**common, actor=people["olga"], happened=True, remote_ref=ref)
-    request = approval_request(**common, action="resolve_happened", remote_ref=ref, actor=people["olga"])
+        step_resolve(**common, actor=people["olga"], happened=True, evidence=checked)
+    request = approval_request(**common, action="resolve_happened", evidence=checked, actor=people["olga"])
 
     approval_grant(request_id=request.pk, actor=people["alice"])
 

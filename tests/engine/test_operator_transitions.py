@@ -9,7 +9,7 @@ from recovery.engine.transitions import run_start
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost
 from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, StepState
 from tests.support import receivers
-from tests.support.engine import assert_invariants, crash_at, drive, person
+from tests.support.engine import assert_invariants, crash_at, drive, person, resolve_happened
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -167,12 +167,11 @@ def test_terminating_a_run_whose_worker_died_mid_call_leaves_no_step_running(clo
     with pytest.raises(InvalidTransition, match="reconcile create_task first"):
         transitions.run_compensate(workflow_id=run.workflow_id, actor=operator, reason="undo")
     task_ref = f"task-{receivers.RemoteObject.objects.get(kind='task').pk}"
-    transitions.step_resolve(
+    resolve_happened(
         workflow_id=run.workflow_id,
         step_name="create_task",
         actor=operator,
         reason="found it in the tracker",
-        happened=True,
         remote_ref=task_ref,
     )
     run.refresh_from_db()

@@ -11,7 +11,7 @@ from django.conf import settings
 
 from recovery import clock as engine_clock
 from recovery import testing
-from recovery.engine import failpoints
+from recovery.engine import evidence, failpoints, transitions
 from recovery.models import WorkflowRun
 from recovery.testing import MovableClock
 
@@ -25,6 +25,23 @@ def person(username: str, role: str | None = "supervisor"):
     if role:
         user.groups.add(Group.objects.get_or_create(name=role)[0])
     return user
+
+
+def resolve_happened(*, workflow_id: str, step_name: str, actor, reason: str, remote_ref: str, **more) -> WorkflowRun:
+    """ "It succeeded, remote id X" as every surface does it: the evidence is checked at the
+    receiver (recovery.engine.evidence), then recorded by the transition."""
+    checked = evidence.examine(
+        "resolve_happened", workflow_id=workflow_id, step_name=step_name, remote_ref=remote_ref, actor=actor
+    )
+    return transitions.step_resolve(
+        workflow_id=workflow_id,
+        step_name=step_name,
+        actor=actor,
+        reason=reason,
+        happened=True,
+        evidence=checked,
+        **more,
+    )
 
 
 def crash_at(monkeypatch, failpoint: str, call: Callable[[], Any]) -> None:

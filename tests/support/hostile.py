@@ -73,7 +73,8 @@ def plant(clock, monkeypatch) -> Planted:
         actor=user,
         reason=resolve_reason,
         happened=True,
-        remote_ref=remote_ref,
+        # what a receiver answered (its own reference, whatever it holds), as evidence.examine returns it
+        evidence={"remote_ref": remote_ref, "result": {"message_id": remote_ref}, "checked": "looked up"},
     )
     status_reason = tagged(IMG + ATTR, "status_reason")
     run_terminate(workflow_id=run.workflow_id, actor=user, reason=status_reason)

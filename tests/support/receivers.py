@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, transaction
 
 from recovery import clock
-from recovery.errors import PermanentError, RateLimited, TransientError, UnknownOutcome
+from recovery.errors import NotThisStep, PermanentError, RateLimited, TransientError, UnknownOutcome
 from recovery.workflow import Outcome, payload_hash
 
 from .models import RemoteObject
@@ -142,6 +142,28 @@ def look_up_entry(*, reference: str) -> Outcome | None:
 def find_entry(*, reference: str) -> Outcome | None:
     obj = RemoteObject.objects.filter(kind="ledger", dedupe_key=reference).first()
     return Outcome(remote_ref=f"entry-{obj.pk}", result={"entry_id": obj.pk}) if obj else None
+
+
+# --- an operator's evidence, checked by the receiver's own id (a step's @lookup_ref) ------
+
+# kind -> the prefix of its remote references, and what the step's own object carries
+_REFS = {"task": "task", "message": "msg", "ledger": "entry"}
+
+
+def by_ref(kind: str, ref: str, *, mine: dict[str, str]) -> Outcome | None:
+    """The object ``ref`` (``task-3``, ``msg-4``, ``entry-5``) as its step would record it; None
+    when there is none; NotThisStep when its key or reference is not ``mine`` (``{"dedupe_key":
+    …}`` or ``{"client_ref": …}``). Fails as armed for ``<kind>_get``."""
+    _before(f"{kind}_get")
+    prefix, _, pk = ref.partition("-")
+    obj = RemoteObject.objects.filter(kind=kind, pk=int(pk)).first() if prefix == _REFS[kind] and pk.isdigit() else None
+    if obj is None:
+        return None
+    field, value = next(iter(mine.items()))
+    if getattr(obj, field) != value:
+        raise NotThisStep(f"{ref} belongs to another request ({field} {getattr(obj, field)!r})")
+    key = {"task": "task_id", "message": "message_id", "ledger": "entry_id"}[kind]
+    return Outcome(remote_ref=ref, result={key: obj.pk})
 
 
 # --- compensations: each idempotent under its own key ----------------------------------

@@ -95,6 +95,16 @@ def _(ctx):
     return receivers.find_message(client_ref=ctx.idempotency_key)
 
 
+@create_task.lookup_ref
+def _(ctx, ref):
+    return receivers.by_ref("task", ref, mine={"dedupe_key": ctx.idempotency_key})
+
+
+@notify.lookup_ref
+def _(ctx, ref):
+    return receivers.by_ref("message", ref, mine={"client_ref": ctx.idempotency_key})
+
+
 @orders.step(effect="a ledger entry", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST, compensable=True)
 def post_entry(ctx):
     return receivers.post_entry(reference=ctx.workflow_id, payload=ctx.intent)
@@ -108,6 +118,11 @@ def _(ctx):
 @post_entry.lookup
 def _(ctx):
     return receivers.find_entry(reference=ctx.workflow_id)
+
+
+@post_entry.lookup_ref
+def _(ctx, ref):
+    return receivers.by_ref("ledger", ref, mine={"dedupe_key": ctx.workflow_id})
 
 
 @create_task.compensate(who="supervisor")
@@ -378,6 +393,11 @@ def _(ctx):
     return receivers.find_entry(reference=ctx.idempotency_key)
 
 
+@credit.lookup_ref
+def _(ctx, ref):
+    return receivers.by_ref("ledger", ref, mine={"dedupe_key": ctx.idempotency_key})
+
+
 @credit.compensate(who="supervisor")
 def _(ctx):
     """Reverse the credit note."""
@@ -400,6 +420,11 @@ def notify_customer(ctx):
 @notify_customer.lookup
 def _(ctx):
     return receivers.find_message(client_ref=ctx.idempotency_key)
+
+
+@notify_customer.lookup_ref
+def _(ctx, ref):
+    return receivers.by_ref("message", ref, mine={"client_ref": ctx.idempotency_key})
 
 
 @disputes.agent(tools=[find_invoice, credit, notify_customer], schema=Resolution, max_turns=5, retry=FAST)

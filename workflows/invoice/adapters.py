@@ -15,6 +15,7 @@ reference) so that an unknown outcome can be reconciled instead of retried blind
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from django.conf import settings
@@ -104,6 +105,12 @@ class SandboxClient:
         raise classify_http_status(response, what)
 
 
+def _by_id(path: str, what: str, client: SandboxClient | None) -> dict | None:
+    """One object by the receiver's own id (a read), or None when the receiver has none (404)."""
+    response = (client or SandboxClient()).request("GET", path, what=what, changes_state=False, accept=frozenset({404}))
+    return None if response.status_code == 404 else response.json()
+
+
 def _first(response: httpx.Response) -> dict | None:
     results = response.json().get("results") or []
     return results[0] if results else None
@@ -134,6 +141,16 @@ def find_task(*, key: str, client: SandboxClient | None = None) -> Outcome | Non
     )
     task = _first(response)
     return _task_outcome(task) if task else None
+
+
+def get_task(*, task_id: str, client: SandboxClient | None = None) -> dict | None:
+    """The task ``task_id`` as the tracker shows it (its idempotency key included), or None."""
+    return _by_id(f"/sandbox/tasks/{quote(task_id, safe='')}", "get task", client)
+
+
+def task_outcome(task: dict) -> Outcome:
+    """A task as the step records it: what ``create_task`` and ``find_task`` return."""
+    return _task_outcome(task)
 
 
 def find_open_tasks(
@@ -185,6 +202,15 @@ def find_message(*, client_ref: str, client: SandboxClient | None = None) -> Out
     )
     message = _first(response)
     return _message_outcome(message) if message else None
+
+
+def get_message(*, message_id: str, client: SandboxClient | None = None) -> dict | None:
+    """The message ``message_id`` as the messenger shows it (its client reference included), or None."""
+    return _by_id(f"/sandbox/messages/{quote(message_id, safe='')}", "get message", client)
+
+
+def message_outcome(message: dict) -> Outcome:
+    return _message_outcome(message)
 
 
 def send_correction(*, message_id: str, text: str, client_ref: str, client: SandboxClient | None = None) -> Outcome:
@@ -260,6 +286,15 @@ def ledger_entry(*, reference: str, client: SandboxClient | None = None) -> dict
     """The ledger's entry for ``reference`` as the ledger shows it (amount, currency, account,
     reversal), or None: a fresh read each time."""
     return _entry(reference, client, "read ledger entry")
+
+
+def get_entry(*, entry_id: str, client: SandboxClient | None = None) -> dict | None:
+    """The ledger entry ``entry_id`` as the ledger shows it (its reference included), or None."""
+    return _by_id(f"/sandbox/ledger/entries/{quote(entry_id, safe='')}", "get ledger entry", client)
+
+
+def entry_outcome(entry: dict) -> Outcome:
+    return _entry_outcome(entry)
 
 
 def find_entry(*, reference: str, client: SandboxClient | None = None) -> Outcome | None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import PolicyRefusal
 from recovery.retries import RetryPolicy
-from recovery.workflow import CompensationPolicy, Reconcile, Rerun, Workflow
+from recovery.workflow import CompensationPolicy, NotThisStep, Reconcile, Rerun, Workflow
 
 from . import adapters
 from .model import SCHEMA_VERSION, InvoiceDecision, call_timeout, get_provider
@@ -157,6 +157,20 @@ def _(ctx):
     return adapters.find_task(key=ctx.idempotency_key)
 
 
+@create_approval_task.lookup_ref
+def _(ctx, task_id):
+    """An operator's "it succeeded, task X": X must be the task this step's key created."""
+    task = adapters.get_task(task_id=task_id)
+    if task is None:
+        return None
+    if task.get("idempotency_key") != ctx.idempotency_key:
+        raise NotThisStep(
+            f"{task_id} was created by another request (not under this step's idempotency key "
+            f"{ctx.idempotency_key[:12]}…): {task.get('title', '')!r}"
+        )
+    return adapters.task_outcome(task)
+
+
 @create_approval_task.guard("invoice_open_in_ledger")
 def _(ctx):
     """The invoice is neither posted nor cancelled in the ledger yet (read fresh)."""
@@ -228,6 +242,17 @@ def _(ctx):
     return adapters.find_message(client_ref=ctx.idempotency_key)
 
 
+@notify_approver.lookup_ref
+def _(ctx, message_id):
+    """An operator's "it succeeded, message X": X must be the message sent under this step's key."""
+    message = adapters.get_message(message_id=message_id)
+    if message is None:
+        return None
+    if message.get("client_ref") != ctx.idempotency_key or message.get("kind", "message") != "message":
+        raise NotThisStep(f"{message_id} was sent by another request (its client reference is not this step's key)")
+    return adapters.message_outcome(message)
+
+
 @notify_approver.compensate(who="operator")
 def send_correction(ctx):
     """Send a correction to the approver and mark the incident."""
@@ -267,6 +292,19 @@ def _(ctx):
 @post_ledger_entry.lookup
 def _(ctx):
     return adapters.find_entry(reference=ctx.workflow_id)
+
+
+@post_ledger_entry.lookup_ref
+def _(ctx, entry_id):
+    """An operator's "it succeeded, entry X": X must be this run's posting (its reference)."""
+    entry = adapters.get_entry(entry_id=entry_id)
+    if entry is None:
+        return None
+    if entry.get("reference") != ctx.workflow_id or entry.get("kind", "entry") != "entry":
+        raise NotThisStep(
+            f"{entry_id} is the {entry.get('kind')} {entry.get('reference')!r}, not this run's {ctx.workflow_id!r}"
+        )
+    return adapters.entry_outcome(entry)
 
 
 @post_ledger_entry.compensate(who="supervisor")

@@ -31,7 +31,6 @@ def _perform(request: ApprovalRequest, *, actor: AbstractBaseUser, reason: str, 
         actor=actor,
         reason=reason,
         step_name=request.step_name or None,
-        remote_ref=request.remote_ref,
         expect=expect,
         now=now,
         approval=request,
@@ -60,7 +59,9 @@ def _approval_snap(request: ApprovalRequest) -> dict[str, Any]:
     if request.remote_ref:
         snap["remote_ref"] = request.remote_ref
     if request.options:
-        snap.update(request.options)
+        snap.update({k: v for k, v in request.options.items() if k != "evidence"})
+        if "evidence" in request.options:
+            snap["checked"] = request.options["evidence"].get("checked", "")
     return snap
 
 
@@ -71,7 +72,7 @@ def approval_request(
     actor: AbstractBaseUser,
     reason: str,
     step_name: str | None = None,
-    remote_ref: str = "",
+    evidence: dict[str, Any] | None = None,
     version: int | None = None,
     effects_stand: bool = False,
     expect: str | None = None,
@@ -94,8 +95,8 @@ def approval_request(
             run=run,
             action=action,
             step_name=step_name or "",
-            remote_ref=redact_text((remote_ref or "").strip()),
-            options=_options(action, version, effects_stand),
+            remote_ref=redact_text((evidence or {}).get("remote_ref", "")),
+            options=_options(action, version, effects_stand, evidence),
             reason=redact_text(reason),
             state=ApprovalState.PENDING,
             requested_by=actor,
@@ -111,8 +112,15 @@ def approval_request(
         return request
 
 
-def _options(action: str, version: int | None, effects_stand: bool) -> dict[str, Any] | None:
-    """What else the requested action is performed with (recovery.actions: a move's version)."""
+def _options(
+    action: str, version: int | None, effects_stand: bool, evidence: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """What else the requested action is performed with (recovery.actions): a move's version,
+    the evidence of "it succeeded" as it was checked when the request was made."""
+    if ACTIONS[action].evidence:
+        return {"evidence": evidence} if evidence is not None else None
+    if evidence is not None:
+        raise InvalidTransition(f"{action} takes no evidence")
     if not ACTIONS[action].version:
         if version is not None:
             raise InvalidTransition(f"{action} takes no version")

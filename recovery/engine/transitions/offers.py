@@ -170,9 +170,20 @@ def _resolve(happened: bool):
             return blocked
         if not happened and (early := absent_too_early(s, step, actor)):
             return NotPermitted(early)  # a supervisor's call while the request may still land
+        if happened and not s.workflow.get_step(step_name).evidence_rule():
+            return evidence_refusal(step_name)
         return ""
 
     return rule
+
+
+def evidence_refusal(step_name: str) -> str:
+    """Why "it succeeded" is not offered for a step whose evidence cannot be checked."""
+    return (
+        f"{step_name}'s receiver cannot be asked by its id (no @lookup_ref) and the step declares no result "
+        "schema (result=): evidence cannot be checked, so it cannot be recorded; reconcile the step, mark it "
+        "not happened, or terminate the run"
+    )
 
 
 def absent_too_early(s: Situation, step: StepExecution, actor: AbstractBaseUser | None) -> str:

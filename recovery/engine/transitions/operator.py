@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -34,6 +35,7 @@ from ._core import (
     _audit,
     _check,
     _locked_run_by_id,
+    _redacted,
     _release_into,
     _save_run,
     _save_step,
@@ -201,20 +203,23 @@ def step_resolve(
     actor: AbstractBaseUser | None,
     reason: str,
     happened: bool,
-    remote_ref: str = "",
+    evidence: dict[str, Any] | None = None,
     expect: str | None = None,
     now: datetime | None = None,
     approval: ApprovalRequest | None = None,
 ) -> WorkflowRun:
     """An operator settles an unknown outcome with evidence from the other system: "it
-    succeeded, remote id X" records the step as succeeded with that reference; "it did not
-    happen" makes it due again, with the same key. The run becomes due — except a terminated
-    run, which stays terminated: there the evidence only settles what exists (so that it can
-    be compensated), and a call that did not happen is skipped."""
+    succeeded, remote id X" records the step as succeeded with the ``evidence`` that
+    ``recovery.engine.evidence.examine`` checked (at the receiver, or a result validated by the
+    step's schema: the step's result, as a reconcile would record it); "it did not happen"
+    makes it due again, with the same key. The run becomes due — except a terminated run,
+    which stays terminated: there the evidence only settles what exists (so that it can be
+    compensated), and a call that did not happen is skipped."""
     reason = require_reason(reason)
-    remote_ref = redact_text((remote_ref or "").strip())
-    if happened and not remote_ref:
-        raise InvalidTransition("give the remote id that shows it succeeded")
+    if happened:
+        evidence = _evidence(evidence)
+    elif evidence is not None:
+        raise InvalidTransition("it did not happen: there is no evidence to record")
     now = now or clock.now()
     with transaction.atomic():
         run = _locked_run_by_id(workflow_id, expect)
@@ -231,8 +236,8 @@ def step_resolve(
         _fresh_budget(step)
         if happened:
             step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
-            step.remote_ref = remote_ref
-            step.result = {"remote_ref": remote_ref, "resolved_by": _actor_fields(actor)["actor"]}
+            step.remote_ref = redact_text(evidence["remote_ref"])
+            step.result = _redacted(run, evidence["result"])
         elif stays_terminated:
             step.state = StepState.SKIPPED
         else:
@@ -241,9 +246,11 @@ def step_resolve(
         if not stays_terminated:
             _release_into(run, RunState.PENDING, reason=f"{step_name}: resolved by an operator")
             _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-        evidence = {"happened": happened, **({"remote_ref": remote_ref} if happened else {})}
+        said = {"happened": happened}
+        if happened:
+            said.update(remote_ref=step.remote_ref, checked=evidence["checked"])
         if early is not None:
-            evidence["in_flight_until"] = early
+            said["in_flight_until"] = early
         _audit(
             run,
             "resolve",
@@ -251,11 +258,23 @@ def step_resolve(
             step_name=step_name,
             reason=reason,
             before=before,
-            after={**_snap(run, step), "evidence": evidence},
+            after={**_snap(run, step), "evidence": said},
             now=now,
         )
         dispatch.enqueue_run(run.pk)
         return run
+
+
+def _evidence(evidence: Any) -> dict[str, Any]:
+    """The checked evidence's shape (recovery.engine.evidence.examine makes it)."""
+    if evidence is None:
+        raise InvalidTransition("give the remote id that shows it succeeded")
+    ref, result, checked = (evidence.get(k) for k in ("remote_ref", "result", "checked"))
+    if not (isinstance(ref, str) and ref.strip() and isinstance(checked, str) and checked):
+        raise InvalidTransition("the evidence was not checked: look it up first (recovery.engine.evidence)")
+    if result is not None and not isinstance(result, dict):
+        raise InvalidTransition("the evidence's result must be a JSON object")
+    return evidence
 
 
 def _window_open(situation: offers.Situation, step: StepExecution, now: datetime) -> str | None:

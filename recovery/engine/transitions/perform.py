@@ -24,7 +24,7 @@ def perform(
     actor: AbstractBaseUser | None,
     reason: str,
     step_name: str | None = None,
-    remote_ref: str = "",
+    evidence: dict[str, Any] | None = None,
     decision: dict[str, Any] | None = None,
     expect: str | None = None,
     now: datetime | None = None,
@@ -56,7 +56,9 @@ def perform(
     if spec.step != StepArg.NONE:
         arguments["step_name"] = step_name or None
     if spec.evidence:
-        arguments["remote_ref"] = remote_ref
+        arguments["evidence"] = evidence  # checked at the receiver first: recovery.engine.evidence
+    elif evidence is not None:
+        raise InvalidTransition(f"{action} takes no evidence")
     if spec.decision:
         if decision is None:
             raise InvalidTransition(f"{action} needs the new decision (JSON)")

@@ -2,7 +2,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
 from recovery.actions import FOUR_EYES_ACTIONS, PERMISSION_OF
-from recovery.engine import transitions
+from recovery.engine import evidence, transitions
 from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.models import ApprovalRequest, ApprovalState, WorkflowRun
@@ -24,6 +24,9 @@ class Command(RecoveryCommand):
         request.add_argument("workflow_id")
         request.add_argument("--step", help="compensate one step; the step that succeeded (resolve_happened)")
         request.add_argument("--remote-ref", default="", help="resolve_happened: the remote id that shows it")
+        request.add_argument(
+            "--result", default=None, help="resolve_happened, where the receiver cannot be asked: the result (JSON)"
+        )
         request.add_argument("--reason", required=True)
         request.add_argument("--as", dest="username", required=True)
         for verb in ("approve", "reject"):
@@ -43,11 +46,20 @@ class Command(RecoveryCommand):
             raise CommandError(f"{user.get_username()}'s role may not {permission} runs")
         try:
             if verb == "request":
+                transitions.require_reason(options["reason"])
+                checked = evidence.examine(
+                    options["action"],
+                    workflow_id=options["workflow_id"],
+                    step_name=options["step"],
+                    remote_ref=options["remote_ref"],
+                    result=options["result"],
+                    actor=user,
+                )
                 made = transitions.approval_request(
                     workflow_id=options["workflow_id"],
                     action=options["action"],
                     step_name=options["step"],
-                    remote_ref=options["remote_ref"],
+                    evidence=checked,
                     actor=user,
                     reason=options["reason"],
                 )

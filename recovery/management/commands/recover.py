@@ -14,7 +14,7 @@ from recovery.actions import (
     parse_hours,
     parse_version,
 )
-from recovery.engine import transitions
+from recovery.engine import evidence, transitions
 from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
@@ -41,7 +41,16 @@ class Command(RecoveryCommand):
             "compensate: one step instead of the run; stop_agent: the agent step; fork_agent: the turn, "
             "e.g. resolve_dispute:2)",
         )
-        parser.add_argument("--remote-ref", default="", help="resolve_happened: the remote id that shows it happened")
+        parser.add_argument(
+            "--remote-ref",
+            default="",
+            help="resolve_happened: the remote id that shows it happened (looked up at the receiver)",
+        )
+        parser.add_argument(
+            "--result",
+            default=None,
+            help="resolve_happened, where the receiver cannot be asked by id: the step's result (JSON, its schema)",
+        )
         decision = parser.add_mutually_exclusive_group()
         decision.add_argument("--decision", help="supersede: the new decision, a JSON object")
         decision.add_argument("--decision-file", help="supersede: a file holding the new decision (JSON); - for stdin")
@@ -69,6 +78,7 @@ class Command(RecoveryCommand):
         workflow_id,
         step,
         remote_ref,
+        result,
         decision,
         decision_file,
         hours,
@@ -95,11 +105,15 @@ class Command(RecoveryCommand):
                 self.stdout.write(f"{workflow_id}: {_move_plan(workflow_id, version, user)}")
                 return
             edited = _decision(decision, decision_file) if ACTIONS[action].decision else None
+            transitions.require_reason(reason)
+            checked = evidence.examine(
+                action, workflow_id=workflow_id, step_name=step, remote_ref=remote_ref, result=result, actor=user
+            )
             transitions.perform(
                 action,
                 workflow_id=workflow_id,
                 step_name=step,
-                remote_ref=remote_ref,
+                evidence=checked,
                 decision=edited,
                 hours=parse_hours(hours),
                 version=version,
