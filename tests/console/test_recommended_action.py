@@ -151,7 +151,7 @@ def test_without_javascript_the_question_is_a_page_and_only_yes_performs_it(cloc
     assert "may happen a second time" in unescape(asked.content.decode())
     assert '<input type="hidden" name="confirmed" value="yes">' in asked.content.decode()
     assert run.steps.get(step_name="notify").state == StepState.UNKNOWN  # nothing done yet
-    assert not AuditEvent.objects.filter(run=run, action="resolve_absent").exists()
+    assert not AuditEvent.objects.filter(run=run, action="resolve").exists()
 
     done = act(client, run, "resolve_absent", step="notify", htmx=False, confirm="ask", confirmed="yes")
     assert done.status_code == 302

@@ -45,5 +45,5 @@ def compensation_failed(clock, order_id: str = "comp-failed"):
     """A failed run whose compensation of notify (the first undone) failed for good."""
     run = failed_with_effects(clock, order_id)
     receivers.arm("correction", "forbidden")
-    perform("compensate", workflow_id=run.workflow_id, actor=person("sam", "supervisor"), reason="undo it")
+    perform("compensate", workflow_id=run.workflow_id, actor=person("stuck-builder", "supervisor"), reason="undo it")
     return drive(run, clock)
