@@ -19,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from recovery import clock as engine_clock
-from recovery import testing
+from recovery import counts, testing
 from recovery.engine import transitions
 from recovery.errors import InvalidTransition
 from recovery.models import (
@@ -151,6 +151,11 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     assert step("dispute:initech:D-502", "resolve_dispute:2:0:issue_credit_note").refusal["rule"] == "credit_limit"
     stopped = run("dispute:hooli:D-503")
     assert stopped.state == RunState.NEEDS_REVIEW and "stopped by supervisor" in stopped.status_reason
+    causes = counts.stuck_causes(engine_clock.now())  # listed as what is true: stopped, not exhausted
+    assert [c for c, (_, q) in causes.items() if WorkflowRun.objects.filter(q, pk=stopped.pk).exists()] == [
+        "needs_review",
+        "agent_stopped",
+    ]
     assert faults.counts() == {
         "tasks": 11,
         "tasks_cancelled": 1,
