@@ -3,6 +3,7 @@ loop's beats, and the stuck cause ``no_executor`` with its "why" sentence, on a 
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -191,3 +192,12 @@ def test_the_list_the_chips_the_dashboard_and_the_metrics_count_no_executor_alik
         for s in f.samples
     }
     assert chip["no_executor"] == shown["No executor"] == gauge[("test_orders", "no_executor")] == 1
+
+
+def test_the_shipped_prometheus_rules_alert_on_no_executor_from_the_console():
+    from tests.observability.test_alert_rules import rules
+
+    exprs = {rule["alert"]: rule["expr"] for rule in rules()}
+    assert 'recovery_stuck_runs{cause="no_executor"}' in exprs["RecoveryNoExecutor"]
+    named = {cause for expr in exprs.values() for cause in re.findall(r'cause="([a-z_]+)"', expr)}
+    assert named <= set(counts.STUCK_LABELS)
