@@ -39,6 +39,15 @@ def moves_by_itself(run: WorkflowRun) -> bool:
     return run.state in IN_PROGRESS_RUN_STATES
 
 
+def run_wake(run: WorkflowRun, *, now: datetime) -> str:
+    """The run's next wake-up, as its page's head shows it: "2026-12-03 14:03:10 UTC", "due now"
+    (never a time in the past), or "—" (none, or the run does not move by itself)."""
+    wake = run.next_wake_at if moves_by_itself(run) else None
+    if wake is None:
+        return "—"
+    return f"{localtime(wake):%Y-%m-%d %H:%M:%S %Z}" if wake > now else "due now"
+
+
 def _due(run: WorkflowRun, now: datetime) -> str:
     if run.state == RunState.RUNNING and lease_is_live(run, now):
         return "now"

@@ -207,3 +207,14 @@ def test_the_runs_list_its_state_filter_and_its_counts_agree_on_partly_compensat
     assert "&amp;state=partly_compensated" in text and "Completed, partly compensated <b>1</b>" in text
     assert "Completed <b>2</b>" in text
     assert '<option value="partly_compensated">Completed, partly compensated</option>' in html
+
+
+def test_the_run_head_shows_a_wake_up_only_while_the_run_moves_and_never_in_the_past(clock):
+    run = waiting_agent("wake")
+    viewer = login("viewer")
+    wake = f"{run.next_wake_at:%Y-%m-%d %H:%M:%S} UTC"
+    assert f"<dd data-wake>{wake}</dd>" in page(viewer, run)
+    clock.advance(600)
+    assert "<dd data-wake>due now</dd>" in page(viewer, run)
+    WorkflowRun.objects.filter(pk=run.pk).update(state=RunState.NEEDS_REVIEW)  # held: it wakes by no one
+    assert "<dd data-wake>—</dd>" in page(viewer, run)
