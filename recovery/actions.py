@@ -99,8 +99,9 @@ ACTIONS: dict[str, OperatorAction] = {
             four_eyes=True,
             evidence=True,
             options={"happened": True},
-            does="records {step} as succeeded with the remote id you give, and the run goes on",
-            sends="nothing to {step}'s receiver; the next steps run as usual",
+            does="asks the receiver for the remote id you give and, if it is {step}'s own, records {step} as "
+            "succeeded with what the receiver answers; the run goes on",
+            sends="nothing: it only reads the object by its id; the next steps run as usual",
         ),
         OperatorAction(
             "resolve_absent",

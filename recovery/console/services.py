@@ -106,6 +106,11 @@ class Action:
     step: str = ""
     confirm: str = ""  # compensate and terminate ask before they act
     evidence: bool = False  # "it succeeded, remote id X"
+    # how that evidence is checked (StepSpec.evidence_rule), and where the receiver cannot be asked
+    # by id, the step's result to fill in: a JSON skeleton of its schema and the schema's fields
+    evidence_rule: str = ""
+    result_skeleton: str = ""
+    result_fields: tuple = ()
     durations: tuple[tuple[int, str, bool], ...] = ()  # how long it may last (hours, label, chosen): a snooze
     # The versions a run may be moved to: (version, what a move there would do or why not, chosen)
     versions: tuple[tuple[int, str, bool], ...] = ()
@@ -205,7 +210,20 @@ def _button(name: str, step: StepExecution | None, workflow) -> Action:
     durations = (
         tuple((h, text, h == SNOOZE_DEFAULT_HOURS) for h, text in SNOOZE_CHOICES) if ACTIONS[name].duration else ()
     )
-    return Action(name, label, at, confirm=confirm, evidence=name == "resolve_happened", durations=durations)
+    action = Action(name, label, at, confirm=confirm, durations=durations)
+    return _with_evidence(action, workflow.get_step(at)) if ACTIONS[name].evidence else action
+
+
+def _with_evidence(action: Action, spec) -> Action:
+    """ "It succeeded": the remote id, looked up at the receiver; or, where the receiver cannot be
+    asked by id, the step's result filled in (recovery.engine.evidence)."""
+    if spec.lookup_ref_fn is not None or spec.result_schema is None:
+        return replace(action, evidence=True, evidence_rule=spec.evidence_rule())
+    skeleton = json.dumps(validation.skeleton(spec.result_schema, None), indent=2)
+    fields = tuple(validation.fields_of(spec.result_schema))
+    return replace(
+        action, evidence=True, evidence_rule=spec.evidence_rule(), result_skeleton=skeleton, result_fields=fields
+    )
 
 
 def decision_tools(

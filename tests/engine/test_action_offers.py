@@ -180,10 +180,13 @@ def act(action: str, run: WorkflowRun, step: str | None, actor) -> None:
         step_name=step,
         actor=actor,
         reason="state x action walk",
-        remote_ref="evidence-1",
+        # checked evidence as recovery.engine.evidence returns it: the walk is about states (test_evidence)
+        evidence=_EVIDENCE if ACTIONS[action].evidence else None,
         decision=accepted.accepted if accepted is not None else _BY_HAND if action == "supersede" else None,
     )
 
+
+_EVIDENCE = {"remote_ref": "evidence-1", "result": {"message_id": 1}, "checked": "the walk's"}
 
 # A decision written by hand where the model's output never validated (issue 33).
 _BY_HAND = {"category": "office", "amount": 120, "approver": "alice"}
