@@ -62,7 +62,7 @@ def step_label(
     if agent is not None and step.state == StepState.PENDING:
         return _agent_label(step, run=run, now=now, agent=agent)
     wake = step.next_attempt_at if moves_by_itself(run) else None
-    attempts = str(step.attempts)
+    attempts = _journal(agent) if agent is not None else str(step.attempts)
     if wake is None:
         return StateLabel(step.get_state_display(), f"step-{step.state}", "—", attempts)
     when, column = (f"at {at(wake)}", at(wake)) if wake > now else (_due(run, now), "due now")
@@ -77,9 +77,8 @@ def step_label(
 
 def _agent_label(step: StepExecution, *, run: WorkflowRun, now: datetime, agent: dict[str, Any]) -> StateLabel:
     turns: Sequence[dict[str, Any]] = agent["turns"]
-    calls = sum(len(t["calls"]) for t in turns)
     number = turns[-1]["number"] if turns else 0
-    attempts = f"{len(turns)} turn{'s' if len(turns) != 1 else ''}, {calls} call{'s' if calls != 1 else ''}"
+    attempts = _journal(agent)
     if step.refusal and step.refusal.get("rule") == AGENT_STOPPED:
         return StateLabel(f"Stopped at turn {number} of at most {agent['max_turns']}", "step-failed", "—", attempts)
     if not moves_by_itself(run):
@@ -89,6 +88,13 @@ def _agent_label(step: StepExecution, *, run: WorkflowRun, now: datetime, agent:
         if doing == "asking the model" and turns and turns[-1]["row"].state == StepState.SUCCEEDED:
             number += 1  # its calls are done: the next turn is asked
     return StateLabel(f"Turn {max(number, 1)} of at most {agent['max_turns']}: {doing}", css, column, attempts)
+
+
+def _journal(agent: dict[str, Any]) -> str:
+    """An agent step's attempts column: "2 turns, 3 calls"."""
+    turns = len(agent["turns"])
+    calls = sum(len(t["calls"]) for t in agent["turns"])
+    return f"{turns} turn{'s' if turns != 1 else ''}, {calls} call{'s' if calls != 1 else ''}"
 
 
 def _doing(turns: Sequence[dict[str, Any]], *, run: WorkflowRun, now: datetime) -> tuple[str, str, str]:

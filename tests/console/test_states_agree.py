@@ -218,3 +218,11 @@ def test_the_run_head_shows_a_wake_up_only_while_the_run_moves_and_never_in_the_
     assert "<dd data-wake>due now</dd>" in page(viewer, run)
     WorkflowRun.objects.filter(pk=run.pk).update(state=RunState.NEEDS_REVIEW)  # held: it wakes by no one
     assert "<dd data-wake>—</dd>" in page(viewer, run)
+
+
+def test_a_finished_agent_s_parent_step_counts_its_turns_and_calls_not_zero_attempts(clock):
+    run = drive(run_start(workflow="test_agent", data={"tenant": "t", "order_id": "done"})[0], clock)
+    assert run.state == RunState.COMPLETED
+    parent = row(page(login("viewer"), run), "data-step", "resolve")
+    assert '<span class="state step-succeeded" data-state>Succeeded</span>' in parent
+    assert "<td>3 turns, 3 calls</td>" in parent
