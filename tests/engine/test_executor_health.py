@@ -3,6 +3,7 @@ loop's beats, and the stuck cause ``no_executor`` with its "why" sentence, on a 
 
 from __future__ import annotations
 
+import itertools
 import re
 from datetime import timedelta
 
@@ -79,7 +80,7 @@ def test_a_restarted_process_with_the_same_owner_starts_over(clock):
 def test_the_embedded_loop_registers_beats_between_runs_and_marks_itself_stopped(clock, monkeypatch):
     for i in range(3):
         pending_run(f"loop-{i}")
-    ticks = iter(range(0, 10_000, int(settings.RECOVERY_SWEEP_SECONDS)))  # each look is a sweep interval later
+    ticks = itertools.count(0.0, settings.RECOVERY_SWEEP_SECONDS)  # each look is a sweep interval later
     monkeypatch.setattr(loop.time, "monotonic", lambda: float(next(ticks)))
     beats = []
 
@@ -201,3 +202,15 @@ def test_the_shipped_prometheus_rules_alert_on_no_executor_from_the_console():
     assert 'recovery_stuck_runs{cause="no_executor"}' in exprs["RecoveryNoExecutor"]
     named = {cause for expr in exprs.values() for cause in re.findall(r'cause="([a-z_]+)"', expr)}
     assert named <= set(counts.STUCK_LABELS)
+
+
+def test_celery_beats_sweep_records_the_worker_that_ran_it(clock):
+    from recovery import tasks
+
+    tasks.sweep()  # nothing due: nothing queued
+    worker = Executor.objects.get()
+    assert worker.mode == ExecutorMode.CELERY and worker.owner == transitions.default_owner()
+    clock.advance(SILENT)
+    assert not executors.health(clock.now()).live
+    tasks.sweep()
+    assert executors.health(clock.now()).live and Executor.objects.count() == 1
