@@ -82,6 +82,31 @@ def test_show_run_wait_returns_once_the_run_rests_and_says_so_when_it_does_not()
     assert run_cmd("show_run", wid, "--wait", "300").startswith(f"{wid}  completed")  # at once: it rests
 
 
+class _ReaderGone(StringIO):
+    """stdout of ``show_run … | head`` once head has read its lines: the next write breaks the pipe."""
+
+    def __init__(self, lines: int) -> None:
+        super().__init__()
+        self.left = lines
+
+    def write(self, text: str) -> int:
+        if self.left == 0:
+            raise BrokenPipeError(32, "Broken pipe")
+        self.left -= 1
+        return super().write(text)
+
+
+def test_show_run_piped_into_head_stops_quietly_and_names_the_run_page(settings):
+    settings.RECOVERY_CONSOLE_URL = "http://127.0.0.1:8123"
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    out = run_cmd("show_run", wid)
+    assert f"  page: http://127.0.0.1:8123/runs/{wid}" in out.splitlines()[:3]  # the port of this deployment
+    err = StringIO()
+    with pytest.raises(SystemExit) as stopped:  # no traceback: the reader has gone, the command stops
+        call_command("show_run", wid, stdout=_ReaderGone(3), stderr=err)
+    assert stopped.value.code == 141 and err.getvalue() == ""
+
+
 def test_show_run_wait_rejects_a_negative_wait_and_an_unknown_run():
     with pytest.raises(CommandError, match="--wait must be 0 or more seconds"):
         run_cmd("show_run", "order:x:y", "--wait", "-1")

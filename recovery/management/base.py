@@ -1,10 +1,27 @@
+import io
+import os
+import sys
+
 from django.core.management.base import BaseCommand
 
 
 class RecoveryCommand(BaseCommand):
-    """A command whose bad arguments print one line on stderr (no usage block) and exit 2."""
+    """A command whose bad arguments print one line on stderr (no usage block) and exit 2, and
+    whose reader may stop reading early (``show_run … | head``): no traceback, the usual exit."""
 
     def create_parser(self, prog_name, subcommand, **kwargs):
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         parser.print_usage = lambda file=None: None
         return parser
+
+    def execute(self, *args, **options):
+        try:
+            return super().execute(*args, **options)
+        except BrokenPipeError:
+            # The reader is gone: what is still buffered cannot be written either. Point stdout at
+            # /dev/null so that the interpreter's own flush at exit does not complain, and stop.
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError, io.UnsupportedOperation):
+                pass  # not a file descriptor (a test's captured stdout): nothing is flushed at exit
+            sys.exit(141)  # 128 + SIGPIPE, as a shell reports a reader that stopped early

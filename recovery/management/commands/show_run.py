@@ -1,6 +1,7 @@
 import json
 import time
 
+from django.conf import settings
 from django.core.management.base import CommandError
 
 from recovery import clock, recommend
@@ -53,6 +54,7 @@ class Command(RecoveryCommand):
         write = self.stdout.write
         write(f"{doc['workflow_id']}  {doc['state']}  {doc['status_reason']}")
         write(f"  why: {doc['why']}")
+        write(f"  page: {settings.RECOVERY_CONSOLE_URL}/runs/{doc['workflow_id']}")
         for s in doc["steps"]:
             # A step that got past its error keeps it as history, not as its state.
             earlier = "earlier: " if s["state"] in DONE_STEP_STATES else ""
