@@ -166,13 +166,25 @@ def _waiting(run: WorkflowRun, steps: list[StepExecution], outbox: Iterable[Outb
     return f"{run.status_reason}; wakes at {_at(run.next_wake_at)}"
 
 
+def _settle(run: WorkflowRun, step: StepExecution) -> str:
+    """How an unknown outcome can be settled by a person: by key, or with evidence only where the
+    step says how its evidence is checked (recovery.engine.evidence)."""
+    try:
+        checkable = bool(workflow_of(run).get_step(step.step_name).evidence_rule())
+    except LookupError:
+        checkable = True  # a version this deployment lacks: its page says so
+    if checkable:
+        return "look it up by key, or settle it with evidence the receiver confirms"
+    return (
+        "look it up by key; evidence cannot be recorded for it, as its receiver cannot be asked by id and "
+        "it declares no result schema"
+    )
+
+
 def _review(run: WorkflowRun, steps: list[StepExecution], outbox: Iterable[OutboxMessage]) -> str:
     unknown = next((s for s in steps if s.state == StepState.UNKNOWN), None)
     if unknown is not None:
-        return (
-            f"outcome of {unknown.step_name} unknown: an operator must reconcile it "
-            "(look it up by key, or settle it with evidence)"
-        )
+        return f"outcome of {unknown.step_name} unknown: an operator must reconcile it ({_settle(run, unknown)})"
     failed = next((s for s in steps if s.state == StepState.FAILED), None)
     if failed is not None and failed.last_error_kind == ErrorKind.INVALID_MODEL_OUTPUT:
         problems = problem_count(failed.last_error)

@@ -77,8 +77,15 @@ def test_review_failure_and_compensation_each_say_what_a_person_must_do(said, cl
         patch.setattr(workflows.notify, "lookup_fn", lambda ctx: (_ for _ in ()).throw(RuntimeError("down")))
         unknown = drive(start("unknown"), clock)
     assert said(unknown)[1] == (
-        "outcome of notify unknown: an operator must reconcile it (look it up by key, or settle it with evidence)"
+        "outcome of notify unknown: an operator must reconcile it (look it up by key, or settle it with "
+        "evidence the receiver confirms)"
     )
+    with pytest.MonkeyPatch.context() as patch:  # a step whose evidence cannot be checked says so
+        patch.setattr(workflows.notify, "lookup_ref_fn", None)
+        assert said(unknown)[1] == (
+            "outcome of notify unknown: an operator must reconcile it (look it up by key; evidence cannot be "
+            "recorded for it, as its receiver cannot be asked by id and it declares no result schema)"
+        )
 
     receivers.arm("task", "forbidden")
     early = drive(start("early"), clock)
