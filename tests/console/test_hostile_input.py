@@ -111,7 +111,7 @@ def test_hostile_text_in_every_field_of_the_run_page_is_escaped(clock, monkeypat
     page = client.get(reverse("console:run", args=[planted.resolved.workflow_id]))
     assert page.status_code == 200
     hostile.assert_escaped(page.text, planted.on_run_page)
-    assert escape("input_value='" + hostile.SCRIPT[:20]) in page.text  # the kept validation error
+    assert escape('(given: "' + hostile.SCRIPT[:20]) in page.text  # the kept validation error, what was given
     assert f"<span>{escape(planted.actor)}</span>" in page.text  # the logged-in operator's name
 
     other = client.get(reverse("console:run", args=[planted.hostile_id.workflow_id]))
