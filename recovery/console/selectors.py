@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
-from urllib.parse import urlencode
 
-from django.db.models import Q, Value
-from django.db.models.functions import StrIndex, Upper
+from django.db.models import Q
 from django.utils.timezone import localtime
 
 from recovery import counts, registry
+from recovery.console.runs_query import (  # noqa: F401  (the runs list, kept importable from here)
+    AGES,
+    PAGE_SIZE,
+    RUN_LIST_FIELDS,
+    RunFilters,
+    _distinctive,
+    runs_page,
+)
 from recovery.counts import STUCK_LABELS, stuck_causes
 from recovery.models import (
     DecisionState,
-    RunSearch,
     StepExecution,
     WorkflowRun,
 )
@@ -80,218 +83,6 @@ def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
 
 
 # --- the console ------------------------------------------------------------------------
-
-PAGE_SIZE = 50
-
-AGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
-
-
-@dataclass(frozen=True)
-class RunFilters:
-    """The runs list's filters, as the URL carries them (a shared link shows the same list)."""
-
-    state: str = ""
-    workflow: str = ""
-    version: int | None = None  # the workflow version the runs execute on (of any workflow, unless one is chosen)
-    stuck: str = ""  # a cause from STUCK_LABELS, or "any"
-    q: str = ""  # a part of a workflow id, business key or remote reference; the beginning of a key
-    key: str = ""  # business key: the beginning of the workflow id, e.g. "invoice:tenant-42"
-    age: str = ""  # created more than this long ago (AGES)
-    after: int | None = None  # keyset cursor: the last run id of the previous page
-
-    @classmethod
-    def from_params(cls, params) -> RunFilters:
-        def text(name: str, limit: int = 255) -> str:
-            return (params.get(name) or "").strip()[:limit]
-
-        state = text("state")
-        stuck = text("stuck")
-        age = text("age")
-        after = text("after")
-        return cls(
-            state=state if state in counts.list_states() else "",
-            workflow=text("workflow", 100),
-            version=_version(text("version", 20)),
-            stuck=stuck if stuck in STUCK_LABELS or stuck == "any" else "",
-            q=text("q"),
-            key=text("key"),
-            age=age if age in AGES else "",
-            after=_cursor(after),
-        )
-
-    def query(self, **changes: Any) -> str:
-        """This filter set as a query string, with ``changes`` applied (the cursor is reset
-        unless given)."""
-        values = {**asdict(self), "after": None, **changes}
-        return urlencode({k: v for k, v in values.items() if v not in ("", None)})
-
-    def describe(self) -> str:
-        """The filters other than the search, in words ("that are failed, of invoice, older
-        than 24h"), for a page that found nothing; "" when there are none."""
-        parts = []
-        if self.state:
-            parts.append(f"that are {counts.list_states()[self.state].lower()}")
-        if self.stuck:
-            parts.append("stuck" if self.stuck == "any" else f"stuck: {STUCK_LABELS[self.stuck].lower()}")
-        if self.workflow:
-            parts.append(f"of {self.workflow}" + (f" v{self.version}" if self.version is not None else ""))
-        elif self.version is not None:
-            parts.append(f"on version {self.version}")
-        if self.key:
-            parts.append(f"whose business key begins {self.key}")
-        if self.age:
-            parts.append(f"older than {self.age}")
-        if self.after is not None:
-            parts.append("on this page")
-        return ", ".join(parts)
-
-    def query_items(self) -> list[tuple[str, str]]:
-        """The filters (without the cursor) as form fields, so a POST keeps them."""
-        return [(k, str(v)) for k, v in asdict(self).items() if v not in ("", None) and k != "after"]
-
-    def _narrowed(self, now: datetime, *, before: int | None = None):
-        """The runs matching every filter but the search (``q``), with ``id < before``."""
-        qs = WorkflowRun.objects.all()
-        if self.state:
-            qs = qs.filter(counts.state_filter(self.state))
-        if self.workflow:
-            qs = qs.filter(workflow_name=self.workflow)
-        if self.version is not None:
-            qs = qs.filter(workflow_version=self.version)
-        if self.key:
-            qs = qs.filter(workflow_id__startswith=self.key)
-        if self.age:
-            qs = qs.filter(created_at__lte=now - AGES[self.age])
-        if self.stuck:
-            causes = stuck_causes(now)
-            if self.stuck == "any":
-                cond = Q()
-                for _, q in causes.values():
-                    cond |= q
-                qs = qs.filter(cond)
-            else:
-                qs = qs.filter(causes[self.stuck][1])
-        if before is not None:
-            qs = qs.filter(pk__lt=before)
-        return qs
-
-    def _search_branches(self, qs) -> list:
-        """``qs`` narrowed to each way a run matches the search, case-insensitively: ``q`` is in
-        its workflow id (and so its business key), or in one of its steps' remote references or
-        compensation references, or begins one of its steps' idempotency keys (the workflow id is
-        searched in RunSearch, written once per run). Kept apart (never OR-ed in one WHERE with
-        the runs): each branch has its own index (pg_trgm on PostgreSQL, migration 0019),
-        whereas the OR makes the database walk every run newest first looking for the few that
-        match."""
-        q = self.q
-        # "<> ''" lets PostgreSQL use the partial indexes (a step with no reference has no entry).
-        by_ref = (
-            Q(idempotency_key=q)
-            | (Q(remote_ref__icontains=q) & ~Q(remote_ref=""))
-            | (Q(compensation_ref__icontains=q) & ~Q(compensation_ref=""))
-        )
-        key = q.lower()
-        if _HEX.fullmatch(key):
-            # Keys are lowercase hex: those beginning with ``key`` lie in [key, key + "g"), a
-            # range of the keys' unique index.
-            by_ref |= Q(idempotency_key__gte=key, idempotency_key__lt=key + "g")
-        by_step = StepExecution.objects.filter(by_ref).values("run_id")
-        by_id = RunSearch.objects.filter(workflow_id__icontains=_distinctive(q))
-        if _distinctive(q) != q:  # the index finds the candidates, the whole text decides
-            by_id = by_id.alias(at=StrIndex(Upper("workflow_id"), Upper(Value(q)))).filter(at__gt=0)
-        return [qs.filter(pk__in=by_id.values("run_id")), qs.filter(pk__in=by_step)]
-
-    def queryset(self, now: datetime):
-        """Every matching run, unordered and unlimited (for a page or a bulk action, use
-        ``newest``)."""
-        qs = self._narrowed(now)
-        if not self.q:
-            return qs
-        branches = [branch.values("pk") for branch in self._search_branches(qs)]
-        return WorkflowRun.objects.filter(pk__in=branches[0].union(*branches[1:]))
-
-    def newest(self, now: datetime, *, limit: int, before: int | None = None):
-        """The ``limit`` newest matching runs with ``id < before`` (a keyset cursor), newest
-        first, as a sliced queryset (``.only()`` and ``.values_list()`` still apply).
-
-        A search is the union of its branches, each cut to its own ``limit`` newest (the
-        ``limit`` newest of a union are among the ``limit`` newest of each part): one query,
-        in which every branch reads at most ``limit`` rows from its own index. A branch's
-        slice is wrapped in ``pk__in`` because SQLite refuses LIMIT in the arms of a UNION."""
-        qs = self._narrowed(now, before=before)
-        if not self.q:
-            return qs.order_by("-pk")[:limit]
-        limited = [
-            WorkflowRun.objects.filter(pk__in=branch.order_by("-pk").values("pk")[:limit]).values("pk")
-            for branch in self._search_branches(qs)
-        ]
-        return WorkflowRun.objects.filter(pk__in=limited[0].union(*limited[1:])).order_by("-pk")[:limit]
-
-
-_HEX = re.compile(r"[0-9a-f]{1,64}")
-_WORD = re.compile(r"[^\W_]+")
-DISTINCTIVE_LENGTH = 12
-
-
-def _distinctive(q: str) -> str:
-    """The part of a long search text the trigram index looks up: of its words that hold a
-    digit (the numbers in ids), the one with the most digits, the last of equals, at most
-    DISTINCTIVE_LENGTH characters of its end; else the whole text. Every trigram of a pattern
-    is a posting list the index must read, and the workflow name and tenant that begin every
-    workflow id ("invoice:acme-…") are in a large share of the runs: at a million runs,
-    "invoice:wayne-logistics:INV-2024-0050000" read 5,700 index pages, "0050000" 500. A run
-    whose id holds the whole text holds this part too; the whole text is checked after."""
-    if len(q) <= DISTINCTIVE_LENGTH:
-        return q
-    numbered = [w for w in _WORD.findall(q) if len(w) >= 3 and any(c.isdigit() for c in w)]
-    if not numbered:
-        return q
-    best = max(reversed(numbered), key=lambda w: sum(c.isdigit() for c in w))
-    return best[-DISTINCTIVE_LENGTH:]
-
-
-MAX_CURSOR = 2**63 - 1  # a run id is a 64-bit integer
-
-
-def _cursor(value: str) -> int | None:
-    """A keyset cursor from the URL: a run id in ASCII digits (``str.isdigit`` also accepts
-    "²" or "١", which ``int`` refuses or reads), within the 64-bit range of the ids; anything
-    else means the first page."""
-    if not (value.isascii() and value.isdigit()):
-        return None
-    cursor = int(value)
-    return cursor if cursor <= MAX_CURSOR else None
-
-
-def _version(value: str) -> int | None:
-    """A workflow version from the URL ("2", or "v2" as the console writes it): up to 9 ASCII
-    digits; anything else means no version filter, as a bad state or age does."""
-    return registry.version_number(value.removeprefix("v"))
-
-
-RUN_LIST_FIELDS = (
-    "pk",
-    "workflow_id",
-    "workflow_name",
-    "workflow_version",
-    "state",
-    "current_step",
-    "status_reason",
-    "created_at",
-    "updated_at",
-    "lease_owner",
-    "lease_expires_at",
-    "next_wake_at",
-    "reserved_for",
-    "reserved_until",
-)
-
-
-def runs_page(filters: RunFilters, *, now: datetime) -> tuple[list[WorkflowRun], int | None]:
-    """One page of runs, newest first, by keyset (``id < after``): as fast on page 500 as on
-    page 1. Returns the runs and the cursor of the next page (None on the last page)."""
-    rows = list(filters.newest(now, limit=PAGE_SIZE + 1, before=filters.after).only(*RUN_LIST_FIELDS))
-    return rows[:PAGE_SIZE], (rows[PAGE_SIZE - 1].pk if len(rows) > PAGE_SIZE else None)
 
 
 def uncounted() -> dict[str, list[dict[str, Any]]]:
