@@ -60,6 +60,8 @@ def examine(
     if spec_of_action is None or not spec_of_action.evidence:
         if remote_ref and remote_ref.strip():
             raise InvalidTransition(f"{action} takes no remote id")
+        if _given(result):
+            raise InvalidTransition(f"{action} takes no result")
         return None
     remote_ref = (remote_ref or "").strip()
     if not remote_ref:
