@@ -10,7 +10,7 @@ from functools import wraps
 from urllib.parse import quote
 
 from django.contrib.auth.views import redirect_to_login
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.http import RFC3986_SUBDELIMS, url_has_allowed_host_and_scheme
@@ -187,7 +187,8 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
     try:
         detail = selectors.run_detail(workflow_id)
     except WorkflowRun.DoesNotExist:
-        raise Http404(f"no run {workflow_id}") from None
+        # Rendered here, not raised: under DEBUG, Django answers any Http404 with its own page.
+        return _run_not_found(request, workflow_id)
     now = clock.now()
     pairs = services.offered(detail, request.user, now=now)
     beyond = services.beyond_role(detail, pairs, now=now)
@@ -226,6 +227,27 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         return HttpResponseStopPolling(response.content) if detail["finished"] else response
     template = "console/run.html#run-body" if request.htmx else "console/run.html"
     return render(request, template, detail, status=status)
+
+
+def _run_not_found(request: HttpRequest, workflow_id: str) -> HttpResponse:
+    """The console's 404 for an unknown run id: a search box holding the id, and runs whose
+    id is close (the same id in another case, or the same prefix before its last ':')."""
+    if request.htmx:
+        return _flash(request, f"no run {workflow_id}", status=404)
+    context = {"workflow_id": workflow_id, "close": _close_runs(workflow_id)}
+    return render(request, "console/not_found.html", context, status=404)
+
+
+def _close_runs(workflow_id: str, *, limit: int = 8) -> list[WorkflowRun]:
+    """Runs whose id is close to ``workflow_id``: the same id in another case first, then the
+    newest runs sharing its prefix up to the last ':' (``invoice:acme:`` for
+    ``invoice:acme:X``). Two indexed look-ups, at most ``limit`` runs."""
+    same = list(WorkflowRun.objects.filter(workflow_id__iexact=workflow_id).order_by("-pk")[:limit])
+    prefix = workflow_id.rpartition(":")[0]
+    if prefix and len(same) < limit:
+        rest = WorkflowRun.objects.filter(workflow_id__startswith=prefix + ":").exclude(pk__in=[r.pk for r in same])
+        same += list(rest.order_by("-pk")[: limit - len(same)])
+    return same
 
 
 def run_href(workflow_id: str, prefix: str) -> str:
