@@ -25,13 +25,13 @@ RESET_LOG = settings.BASE_DIR / "var" / "seed_demo.log"
 @require_methods("GET", "HEAD", "POST")
 @permission_required("sandbox")
 def demo(request: HttpRequest) -> HttpResponse:
-    message, status = "", 200
+    message, status, started = "", 200, None
     if request.method == "POST":
         try:
-            message = demo_action(request.POST, actor=request.user)
+            message, started = demo_action(request.POST, actor=request.user)
         except ValueError as exc:
             message, status = str(exc), 400
-    context = {**demo_context(), "message": message, "error": status != 200}
+    context = {**demo_context(), "message": message, "error": status != 200, "started": started}
     return render(request, "sandbox/demo.html", context, status=status)
 
 
@@ -47,8 +47,17 @@ def demo_context() -> dict[str, Any]:
     }
 
 
-def demo_action(data, *, actor: AbstractBaseUser) -> str:
-    """Arm a fault, clear the sandbox, or start a demo invoice. Raises ValueError."""
+def demo_action(data, *, actor: AbstractBaseUser) -> tuple[str, str | None]:
+    """Arm a fault, clear the sandbox, or start a demo invoice: the sentence that says what was
+    done, and the workflow id of the run started (the page links its run page). Raises
+    ValueError."""
+    if data.get("what") == "start":
+        run, created = _start_invoice(data, actor=actor)
+        return f"{'started' if created else 'already running'}: {run.workflow_id}", run.workflow_id
+    return _demo_action(data, actor=actor), None
+
+
+def _demo_action(data, *, actor: AbstractBaseUser) -> str:
     what = data.get("what")
     if what == "fault":
         service, _, operation = (data.get("target") or "").partition(" ")
@@ -67,21 +76,22 @@ def demo_action(data, *, actor: AbstractBaseUser) -> str:
             raise ValueError("tick the box to clear: every fault, task, message and ledger entry goes")
         faults.clear()
         return "sandbox cleared: no faults, no tasks, messages or ledger entries"
-    if what == "start":
-        invoice_id = (data.get("invoice_id") or "").strip()
-        text = (data.get("text") or "").strip()
-        try:
-            run, created = transitions.run_start(
-                workflow="invoice", data={"tenant": "demo", "invoice_id": invoice_id, "text": text}, actor=actor
-            )
-        except Exception as exc:  # pydantic validation, conflicts: shown on the page
-            raise ValueError(f"could not start: {exc}") from exc
-        return f"{'started' if created else 'already running'}: {run.workflow_id}"
     if what == "reset":
         if data.get("confirm") != "yes":
             raise ValueError("tick the box to reset: the unfinished demo runs are terminated and played again")
         return start_reset(actor)
     raise ValueError("unknown demo action")
+
+
+def _start_invoice(data, *, actor: AbstractBaseUser):
+    invoice_id = (data.get("invoice_id") or "").strip()
+    text = (data.get("text") or "").strip()
+    try:
+        return transitions.run_start(
+            workflow="invoice", data={"tenant": "demo", "invoice_id": invoice_id, "text": text}, actor=actor
+        )
+    except Exception as exc:  # pydantic validation, conflicts: shown on the page
+        raise ValueError(f"could not start: {exc}") from exc
 
 
 def start_reset(actor: AbstractBaseUser) -> str:

@@ -5,10 +5,10 @@ refusal page for a browser and one plain line for scripts."""
 import pytest
 from django.urls import reverse
 
-from recovery.models import AuditEvent
+from recovery.models import AuditEvent, WorkflowRun
 from tests.support.console import failed_run, login
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 
 BROWSER = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
 
@@ -73,3 +73,21 @@ def test_scripts_keep_the_one_plain_line(accept):
     response = login("viewer").get(reverse("console:audit-export"), {"run": "order:t:nope"}, headers=headers)
     assert response.status_code == 400 and response["Content-Type"] == "text/plain; charset=utf-8"
     assert response.content.decode() == "no run 'order:t:nope'\n"
+
+
+# --- the demo page ----------------------------------------------------------------------------
+
+
+def test_the_demo_page_links_the_run_it_started():
+    supervisor = login("supervisor")
+    data = {"what": "start", "invoice_id": "inv-2001", "text": "Monitor and docking station. Total due EUR 640.00"}
+    response = supervisor.post(reverse("demo"), data)
+    run = WorkflowRun.objects.get()
+    assert response.status_code == 200 and run.workflow_id == "invoice:demo:inv-2001"
+    link = f'href="{reverse("console:run", args=[run.workflow_id])}" data-started-run'
+    assert link in response.text
+    again = supervisor.post(reverse("demo"), data)  # the same invoice: the same run, linked again
+    assert "already running: invoice:demo:inv-2001" in again.text and link in again.text
+    assert WorkflowRun.objects.count() == 1
+    refused = supervisor.post(reverse("demo"), {**data, "invoice_id": ""})
+    assert refused.status_code == 400 and "data-started-run" not in refused.text
