@@ -94,7 +94,7 @@ class RunFilters:
         if self.version is not None:
             qs = qs.filter(workflow_version=self.version)
         if self.key:
-            qs = qs.filter(workflow_id__startswith=self.key)
+            qs = qs.filter(pk__in=by_business_key(self.key).values("run_id"))
         if self.age:
             qs = qs.filter(created_at__lte=now - AGES[self.age])
         if self.stuck:
@@ -134,7 +134,14 @@ class RunFilters:
         by_id = RunSearch.objects.filter(workflow_id__icontains=_distinctive(q))
         if _distinctive(q) != q:  # the index finds the candidates, the whole text decides
             by_id = by_id.alias(at=StrIndex(Upper("workflow_id"), Upper(Value(q)))).filter(at__gt=0)
-        return [qs.filter(pk__in=by_id.values("run_id")), qs.filter(pk__in=by_step)]
+        branches = [qs.filter(pk__in=by_id.values("run_id")), qs.filter(pk__in=by_step)]
+        if len(q) >= ERROR_SEARCH_LENGTH:
+            # A step's error text ("HTTP 503", "forbidden"): only the steps that hold one, and
+            # only for a text long enough to be selective. No index (the steps' indexes are
+            # written by every checkpoint): on PostgreSQL the steps with an error are read.
+            by_error = StepExecution.objects.filter(last_error__icontains=q).exclude(last_error="")
+            branches.append(qs.filter(pk__in=by_error.values("run_id")))
+        return branches
 
     def queryset(self, now: datetime):
         """Every matching run, unordered and unlimited (for a page or a bulk action, use
@@ -163,9 +170,22 @@ class RunFilters:
         return WorkflowRun.objects.filter(pk__in=limited[0].union(*limited[1:])).order_by("-pk")[:limit]
 
 
+def by_business_key(key: str):
+    """The runs (as RunSearch rows) whose business key begins with ``key``, as the run page shows
+    it ("acme:INV-1002" of "invoice:acme:INV-1002"), or whose workflow id does: in any case.
+    On PostgreSQL both are LIKE patterns on UPPER(workflow_id), which the trigram index of
+    RunSearch serves (migration 0019); the business key's is then checked to begin right after
+    the workflow's name (the first ':'), so "acme" does not find "invoice:globex:acme-1"."""
+    after_name = StrIndex(Upper("workflow_id"), Upper(Value(":" + key))) - StrIndex("workflow_id", Value(":"))
+    return RunSearch.objects.alias(gap=after_name).filter(
+        Q(workflow_id__istartswith=key) | Q(workflow_id__icontains=":" + key, gap=0)
+    )
+
+
 _HEX = re.compile(r"[0-9a-f]{1,64}")
 _WORD = re.compile(r"[^\W_]+")
 DISTINCTIVE_LENGTH = 12
+ERROR_SEARCH_LENGTH = 3  # a shorter search text does not look in the steps' error text
 
 
 def _distinctive(q: str) -> str:
