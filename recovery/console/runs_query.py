@@ -14,9 +14,16 @@ from django.db.models.functions import StrIndex, Upper
 
 from recovery import counts, registry
 from recovery.counts import STUCK_LABELS, stuck_causes
-from recovery.models import RunSearch, StepExecution, WorkflowRun
+from recovery.models import RunSearch, RunState, StepExecution, WorkflowRun
 
 PAGE_SIZE = 50
+
+# The columns the list sorts by, and the field each sorts on. "created" is the run id: ids are
+# given in the order runs are created (each stamped created_at then), and the id's index serves it.
+SORTS = {"created": "pk", "updated": "updated_at", "state": "state", "workflow": "workflow_id"}
+UNIQUE_SORTS = {"pk", "workflow_id"}  # no tie-breaker needed
+NEWEST_FIRST = {"created", "updated"}  # a first click on these sorts newest first
+DEFAULT_SORT = "-created"
 
 AGES = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 
@@ -30,9 +37,11 @@ class RunFilters:
     version: int | None = None  # the workflow version the runs execute on (of any workflow, unless one is chosen)
     stuck: str = ""  # a cause from STUCK_LABELS, or "any"
     q: str = ""  # a part of a workflow id, business key or remote reference; the beginning of a key
-    key: str = ""  # business key: the beginning of the workflow id, e.g. "invoice:tenant-42"
+    key: str = ""  # the beginning of a business key ("acme:INV-1002") or of a workflow id, any case
     age: str = ""  # created more than this long ago (AGES)
+    sort: str = ""  # a column of SORTS, "-" before it for descending; "" is "-created" (newest first)
     after: int | None = None  # keyset cursor: the last run id of the previous page
+    mark: str = ""  # and that run's value of the sorted column (but for "created": its id is its order)
 
     @classmethod
     def from_params(cls, params) -> RunFilters:
@@ -42,7 +51,12 @@ class RunFilters:
         state = text("state")
         stuck = text("stuck")
         age = text("age")
-        after = text("after")
+        after = _cursor(text("after"))
+        sort = text("sort", 20)
+        sort = "" if sort == DEFAULT_SORT or sort.lstrip("-") not in SORTS else sort
+        mark = text("mark")
+        if after is not None and _mark_value(sort, mark) is None:
+            after, mark = None, ""  # a cursor without its sorted value: the first page
         return cls(
             state=state if state in counts.list_states() else "",
             workflow=text("workflow", 100),
@@ -51,13 +65,15 @@ class RunFilters:
             q=text("q"),
             key=text("key"),
             age=age if age in AGES else "",
-            after=_cursor(after),
+            sort=sort,
+            after=after,
+            mark=mark if after is not None and SORTS[(sort or DEFAULT_SORT).lstrip("-")] != "pk" else "",
         )
 
     def query(self, **changes: Any) -> str:
         """This filter set as a query string, with ``changes`` applied (the cursor is reset
         unless given)."""
-        values = {**asdict(self), "after": None, **changes}
+        values = {**asdict(self), "after": None, "mark": "", **changes}
         return urlencode({k: v for k, v in values.items() if v not in ("", None)})
 
     def describe(self) -> str:
@@ -82,10 +98,57 @@ class RunFilters:
 
     def query_items(self) -> list[tuple[str, str]]:
         """The filters (without the cursor) as form fields, so a POST keeps them."""
-        return [(k, str(v)) for k, v in asdict(self).items() if v not in ("", None) and k != "after"]
+        return [(k, str(v)) for k, v in asdict(self).items() if v not in ("", None) and k not in ("after", "mark")]
 
-    def _narrowed(self, now: datetime, *, before: int | None = None):
-        """The runs matching every filter but the search (``q``), with ``id < before``."""
+    @property
+    def order(self) -> tuple[str, bool]:
+        """The sorted column (a key of SORTS) and whether it is descending."""
+        sort = self.sort or DEFAULT_SORT
+        return sort.lstrip("-"), sort.startswith("-")
+
+    def ordering(self) -> list[str]:
+        """``order_by``'s fields: the sorted column, then the run id in the same direction (the
+        tie-breaker; an index on (state, id) serves the state's order both ways)."""
+        column, descending = self.order
+        sign = "-" if descending else ""
+        field = SORTS[column]
+        return [sign + field] if field in UNIQUE_SORTS else [sign + field, sign + "pk"]
+
+    def cursor_of(self, run: WorkflowRun) -> dict[str, Any]:
+        """The cursor of the page after ``run`` (the last of a page), as ``query`` takes it."""
+        column, _ = self.order
+        field = SORTS[column]
+        if field == "pk":
+            return {"after": run.pk}
+        value = getattr(run, field)
+        return {"after": run.pk, "mark": value.isoformat() if isinstance(value, datetime) else str(value)}
+
+    def headers(self) -> dict[str, dict[str, str]]:
+        """Per sortable column, the link that sorts by it (the other direction when it is the sorted
+        one; else its natural one: newest first for times, A to Z for text) and its aria-sort."""
+        column, descending = self.order
+        found = {}
+        for name in SORTS:
+            if name == column:
+                sort, aria = (name if descending else f"-{name}"), ("descending" if descending else "ascending")
+            else:
+                sort, aria = (f"-{name}" if name in NEWEST_FIRST else name), "none"
+            found[name] = {"query": self.query(sort="" if sort == DEFAULT_SORT else sort), "aria": aria}
+        return found
+
+    def _after_cursor(self) -> Q:
+        """The runs after the cursor in the list's order (keyset: the sorted value, then the id)."""
+        column, descending = self.order
+        field, op = SORTS[column], ("lt" if descending else "gt")
+        if field == "pk":
+            return Q(**{f"pk__{op}": self.after})
+        value = _mark_value(self.sort, self.mark)
+        if field in UNIQUE_SORTS:
+            return Q(**{f"{field}__{op}": value})
+        return Q(**{f"{field}__{op}": value}) | Q(**{field: value, f"pk__{op}": self.after})
+
+    def _narrowed(self, now: datetime, *, paged: bool = False):
+        """The runs matching every filter but the search (``q``); ``paged``: after the cursor."""
         qs = WorkflowRun.objects.all()
         if self.state:
             qs = qs.filter(counts.state_filter(self.state))
@@ -106,8 +169,8 @@ class RunFilters:
                 qs = qs.filter(cond)
             else:
                 qs = qs.filter(causes[self.stuck][1])
-        if before is not None:
-            qs = qs.filter(pk__lt=before)
+        if paged and self.after is not None:
+            qs = qs.filter(self._after_cursor())
         return qs
 
     def _search_branches(self, qs) -> list:
@@ -152,22 +215,24 @@ class RunFilters:
         branches = [branch.values("pk") for branch in self._search_branches(qs)]
         return WorkflowRun.objects.filter(pk__in=branches[0].union(*branches[1:]))
 
-    def newest(self, now: datetime, *, limit: int, before: int | None = None):
-        """The ``limit`` newest matching runs with ``id < before`` (a keyset cursor), newest
-        first, as a sliced queryset (``.only()`` and ``.values_list()`` still apply).
+    def newest(self, now: datetime, *, limit: int, paged: bool = False):
+        """The first ``limit`` matching runs in the list's order (newest first unless sorted),
+        after the cursor when ``paged``, as a sliced queryset (``.only()`` and ``.values_list()``
+        still apply).
 
         A search is the union of its branches, each cut to its own ``limit`` newest (the
-        ``limit`` newest of a union are among the ``limit`` newest of each part): one query,
+        ``limit`` first of a union are among the ``limit`` first of each part): one query,
         in which every branch reads at most ``limit`` rows from its own index. A branch's
         slice is wrapped in ``pk__in`` because SQLite refuses LIMIT in the arms of a UNION."""
-        qs = self._narrowed(now, before=before)
+        qs = self._narrowed(now, paged=paged)
+        ordering = self.ordering()
         if not self.q:
-            return qs.order_by("-pk")[:limit]
+            return qs.order_by(*ordering)[:limit]
         limited = [
-            WorkflowRun.objects.filter(pk__in=branch.order_by("-pk").values("pk")[:limit]).values("pk")
+            WorkflowRun.objects.filter(pk__in=branch.order_by(*ordering).values("pk")[:limit]).values("pk")
             for branch in self._search_branches(qs)
         ]
-        return WorkflowRun.objects.filter(pk__in=limited[0].union(*limited[1:])).order_by("-pk")[:limit]
+        return WorkflowRun.objects.filter(pk__in=limited[0].union(*limited[1:])).order_by(*ordering)[:limit]
 
 
 def by_business_key(key: str):
@@ -218,6 +283,24 @@ def _cursor(value: str) -> int | None:
     return cursor if cursor <= MAX_CURSOR else None
 
 
+def _mark_value(sort: str, mark: str) -> Any:
+    """The sorted value of a cursor from the URL, as the database compares it; None when it is
+    not one the column can hold (the cursor is then dropped: the first page). The run id's order
+    needs none ("")."""
+    field = SORTS[(sort or DEFAULT_SORT).lstrip("-")]
+    if field == "pk":
+        return ""
+    if field == "updated_at":
+        try:
+            value = datetime.fromisoformat(mark)
+        except ValueError:
+            return None
+        return value if value.tzinfo is not None else None
+    if field == "state":
+        return mark if mark in RunState.values else None
+    return mark or None
+
+
 def _version(value: str) -> int | None:
     """A workflow version from the URL ("2", or "v2" as the console writes it): up to 9 ASCII
     digits; anything else means no version filter, as a bad state or age does."""
@@ -243,7 +326,16 @@ RUN_LIST_FIELDS = (
 
 
 def runs_page(filters: RunFilters, *, now: datetime) -> tuple[list[WorkflowRun], int | None]:
-    """One page of runs, newest first, by keyset (``id < after``): as fast on page 500 as on
-    page 1. Returns the runs and the cursor of the next page (None on the last page)."""
-    rows = list(filters.newest(now, limit=PAGE_SIZE + 1, before=filters.after).only(*RUN_LIST_FIELDS))
+    """One page of runs in the list's order (newest first unless sorted), by keyset (after the
+    cursor's sorted value and id): as fast on page 500 as on page 1. Returns the runs and the
+    cursor of the next page (None on the last page; ``filters.cursor_of`` gives its query)."""
+    rows = list(filters.newest(now, limit=PAGE_SIZE + 1, paged=True).only(*RUN_LIST_FIELDS))
     return rows[:PAGE_SIZE], (rows[PAGE_SIZE - 1].pk if len(rows) > PAGE_SIZE else None)
+
+
+def total(filters: RunFilters, *, now: datetime) -> str:
+    """How many runs match the filters (every page of them), as the list's header says it:
+    "1,234 runs", "10,000+ runs" (counts.capped_counts: one query reading at most COUNT_CAP + 1
+    rows, however many match)."""
+    (n, capped), *_ = counts.capped_counts([filters.queryset(now)])
+    return f"{n:,}{'+' if capped else ''} run{'' if n == 1 and not capped else 's'}"

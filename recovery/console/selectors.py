@@ -16,6 +16,7 @@ from recovery.console.runs_query import (  # noqa: F401  (the runs list, kept im
     RunFilters,
     _distinctive,
     runs_page,
+    total,
 )
 from recovery.counts import STUCK_LABELS, stuck_causes
 from recovery.models import (

@@ -113,7 +113,8 @@ def runs_list(request: HttpRequest) -> HttpResponse:
         "select_page": request.GET.get("select") == "page",
         # The parts refresh themselves with the filters and the page only: the selection they
         # send is the boxes checked now, never the one this page was first asked with.
-        "refresh_query": filters.query(after=filters.after),
+        "refresh_query": filters.query(after=filters.after, mark=filters.mark),
+        "headers": filters.headers(),  # each sortable column's link and aria-sort
         "now": now,
     }
     if partial != "counts":
@@ -127,12 +128,13 @@ def runs_list(request: HttpRequest) -> HttpResponse:
             narrowed=filters.describe(),
             widen=selectors.RunFilters(q=filters.q).query() if filters.q and filters.describe() else "",
             next_cursor=next_cursor,
-            next_query=filters.query(after=next_cursor) if next_cursor else "",
+            next_query=filters.query(**filters.cursor_of(runs[-1])) if next_cursor else "",
             first_query=filters.query(),
         )
     if partial == "counts":
         states = counts.state_counts()
         context.update(state_counts=states, stuck_counts=counts.stuck_counts(now=now, states=states))
+        context["total"] = selectors.total(filters, now=now)  # "1,234 runs" match the filters
     elif partial is None:
         # The whole page comes without its numbers: the chips are there to click at once, and
         # their counts (a third of the page's SQL) follow in the counts part's own request.

@@ -3,12 +3,17 @@ the run page shows, the search finds a step's error text, the list sorts by its 
 total count, a bulk dry run says what each run is and what stays made, and the dashboard lists
 the snoozed alerts."""
 
+import html
+from datetime import timedelta
+from urllib.parse import urlencode
+
 import pytest
 from django.urls import reverse
 
+from recovery import counts
 from recovery.console import selectors
 from recovery.engine.transitions import run_start
-from recovery.models import StepExecution, WorkflowRun
+from recovery.models import RunState, StepExecution, WorkflowRun
 from tests.support.console import failed_run, login
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -64,3 +69,97 @@ def test_the_search_finds_a_run_by_its_steps_error_text_from_three_characters(cl
     # Two characters do not search the errors (they would match most of them).
     assert listed(viewer, q="TP") == []
     assert selectors.RunFilters(q="HTTP 503").queryset(clock.now()).get() == failing
+
+
+# --- 3. sorted by its columns, with a total ---------------------------------------------
+
+
+def sorted_runs(n: int) -> list[WorkflowRun]:
+    """``n`` runs (ids in creation order) in several states, updated at a few shared moments:
+    ties that only the id can break."""
+    runs = [start("t", f"s-{i:03d}") for i in range(n)]
+    states = [RunState.FAILED, RunState.COMPLETED, RunState.NEEDS_REVIEW, RunState.PENDING]
+    base = clock_now()
+    for i, run in enumerate(runs):
+        WorkflowRun.objects.filter(pk=run.pk).update(
+            state=states[i * 7 % 4], updated_at=base + timedelta(minutes=(i * 5) % 6)
+        )
+    return list(WorkflowRun.objects.order_by("pk"))
+
+
+def clock_now():
+    from recovery import clock
+
+    return clock.now()
+
+
+def every_page(client, **params) -> list[str]:
+    """Every run of the list in its order, following the pages' own "Next page" links."""
+    found, query = [], urlencode(params)
+    while True:
+        response = client.get(reverse("console:runs") + "?" + query)
+        found += [run.workflow_id for run in response.context["runs"]]
+        if not response.context["next_query"]:
+            return found
+        assert f'href="?{html.escape(response.context["next_query"])}" rel="next"' in response.text
+        query = response.context["next_query"]
+
+
+def test_the_list_sorts_by_each_column_both_ways_across_its_pages(clock):
+    runs = sorted_runs(selectors.PAGE_SIZE + 13)
+    viewer = login("viewer")
+    by = {
+        "created": lambda r: r.pk,
+        "updated": lambda r: (r.updated_at, r.pk),
+        "state": lambda r: (r.state, r.pk),
+        "workflow": lambda r: r.workflow_id,
+    }
+    for column, key in by.items():
+        ascending = [r.workflow_id for r in sorted(runs, key=key)]
+        assert every_page(viewer, sort=column) == ascending, column
+        assert every_page(viewer, sort=f"-{column}") == ascending[::-1], column
+    assert every_page(viewer) == [r.workflow_id for r in runs][::-1]  # newest first unless sorted
+    # A search (the union of its branches) pages in the same order.
+    matching = [r for r in runs if r.workflow_id.startswith("order:t:s-01")]
+    assert every_page(viewer, q="order:t:s-01", sort="-state") == [
+        r.workflow_id for r in sorted(matching, key=by["state"], reverse=True)
+    ]
+    # A cursor whose sorted value is not one the column holds is the first page, not an error.
+    first = viewer.get(reverse("console:runs"), {"sort": "updated", "after": runs[5].pk, "mark": "yesterday"})
+    oldest_update = sorted(runs, key=by["updated"])[0]
+    assert first.status_code == 200 and first.context["runs"][0] == oldest_update
+
+
+def test_the_column_headers_sort_and_say_how_the_list_is_sorted(clock):
+    sorted_runs(3)
+    viewer = login("viewer")
+    page = viewer.get(reverse("console:runs"), {"state": "failed"})
+    headers = page.context["headers"]
+    assert headers["created"]["aria"] == "descending" and headers["state"]["aria"] == "none"
+    assert headers["created"]["query"] == "state=failed&sort=created"  # the other way, filters kept
+    assert headers["updated"]["query"] == "state=failed&sort=-updated"  # newest first, first
+    assert headers["state"]["query"] == "state=failed&sort=state"
+    link = '<a href="?state=failed&amp;sort=created" data-sort="created">Created</a>'
+    assert f'<th aria-sort="descending">{link}' in page.text
+    by_state = viewer.get(reverse("console:runs"), {"sort": "state"})
+    assert by_state.context["headers"]["state"] == {"query": "sort=-state", "aria": "ascending"}
+
+
+def test_the_header_counts_the_runs_matching_the_filters_capped(clock, monkeypatch):
+    runs = sorted_runs(12)
+    viewer = login("viewer")
+    part = {"HX-Request": "true", "HX-Target": "counts"}
+    everything = viewer.get(reverse("console:runs"), headers=part)
+    assert '<p class="total" data-total aria-live="polite">12 runs</p>' in everything.text
+    failed = sum(r.state == RunState.FAILED for r in runs)
+    by_state = viewer.get(reverse("console:runs"), {"state": "failed"}, headers=part)
+    assert f">{failed} runs</p>" in by_state.text
+    one = viewer.get(reverse("console:runs"), {"q": "s-003"}, headers=part)
+    assert ">1 run</p>" in one.text
+    assert "… runs" in viewer.get(reverse("console:runs")).text  # the page first, its numbers after
+    monkeypatch.setattr(counts, "COUNT_CAP", 5)
+    assert ">5+ runs</p>" in viewer.get(reverse("console:runs"), headers=part).text
+    monkeypatch.setattr(counts, "capped_counts", lambda qs: [(1234, False)])
+    assert selectors.total(selectors.RunFilters(), now=clock.now()) == "1,234 runs"
+    monkeypatch.setattr(counts, "capped_counts", lambda qs: [(10_000, True)])
+    assert selectors.total(selectors.RunFilters(), now=clock.now()) == "10,000+ runs"
