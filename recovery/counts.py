@@ -71,7 +71,13 @@ def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
             "Unknown outcome",
             any_run_with(state=StepState.UNKNOWN) & ~Q(state=RunState.WAITING, next_wake_at__gt=now),
         ),
-        "lease_expired": ("Lease expired", Q(state=RunState.RUNNING, lease_expires_at__lt=now)),
+        # Another executor may take it over: not while it is reserved for its owner (the demo's
+        # seed plays its runs on a past clock, their leases "expired" hours ago, held all the same).
+        "lease_expired": (
+            "Lease expired",
+            Q(state=RunState.RUNNING, lease_expires_at__lt=now)
+            & (Q(reserved_for__isnull=True) | Q(reserved_until__isnull=True) | Q(reserved_until__lte=now)),
+        ),
         "exhausted": (
             "Retries exhausted",
             Q(state=RunState.NEEDS_REVIEW)
