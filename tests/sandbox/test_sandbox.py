@@ -428,7 +428,7 @@ def test_concurrent_callers_consume_each_unit_of_a_fault_exactly_once():
         (
             ("messages", "reverse", "late_commit"),
             {},
-            r"unknown operation 'reverse' for messages \(expected one of: send, find, correct\)",
+            r"unknown operation 'reverse' for messages \(expected one of: send, find, get, correct\)",
         ),
         (("tasks", "create", "explode"), {}, "unknown mode 'explode'"),
         (("tasks", "create", "slow"), {"times": 0}, "times must be"),

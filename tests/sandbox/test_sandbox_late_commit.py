@@ -249,12 +249,12 @@ def test_a_malformed_request_is_a_400_and_consumes_no_fault(api, service, operat
 
 
 def test_every_operation_of_every_service_is_faultable_with_every_mode():
-    """docs/operating.md "Commands": `sandbox fault SERVICE OPERATION MODE` names create|cancel|find, send|find|correct,
-    post|find|reverse; the mode and operation columns hold every name."""
+    """docs/operating.md "Commands": `sandbox fault SERVICE OPERATION MODE` names create|cancel|find|get,
+    send|find|get|correct, post|find|get|reverse; the mode and operation columns hold every name."""
     assert {s: list(ops) for s, ops in FAULTABLE.items()} == {
-        "tasks": ["create", "cancel", "find"],
-        "messages": ["send", "find", "correct"],
-        "ledger": ["post", "find", "reverse"],
+        "tasks": ["create", "cancel", "find", "get"],
+        "messages": ["send", "find", "get", "correct"],
+        "ledger": ["post", "find", "get", "reverse"],
     }
     assert "late_commit" in FaultMode.values
     assert max(len(m) for m in FaultMode.values) <= Fault._meta.get_field("mode").max_length
@@ -279,7 +279,7 @@ def test_the_command_refuses_an_operation_the_service_lacks_naming_the_ones_it_h
     """docs/operating.md "Commands": bad arguments are one line, exit ≠ 0, nothing written."""
     with pytest.raises(CommandError) as info:
         run_sandbox("fault", "ledger", "correct", "late_commit")
-    assert str(info.value) == "unknown operation 'correct' for ledger (expected one of: post, find, reverse)"
+    assert str(info.value) == "unknown operation 'correct' for ledger (expected one of: post, find, get, reverse)"
     assert Fault.objects.count() == 0
 
 
@@ -294,4 +294,4 @@ def test_the_command_refuses_an_unknown_operation_with_one_line_on_stderr_from_t
     )
     assert result.returncode != 0 and result.stdout == ""
     assert result.stderr.strip().count("\n") == 0
-    assert "unknown operation 'cancel' for messages (expected one of: send, find, correct)" in result.stderr
+    assert "unknown operation 'cancel' for messages (expected one of: send, find, get, correct)" in result.stderr
