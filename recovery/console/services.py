@@ -24,7 +24,7 @@ from recovery.actions import (
     parse_hours,
     parse_version,
 )
-from recovery.console import selectors
+from recovery.console import bulk_facts, selectors
 from recovery.engine import evidence, transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
 from recovery.models import (
@@ -84,7 +84,8 @@ def apply_action(
         label = transitions.LABELS[action]
         return f"{label} requested: another supervisor must approve it before it runs"
     target = f" ({step})" if step else ""
-    return f"{action.replace('_', ' ')}{target} recorded; the run is now {run.state}"
+    label = ACTIONS[action].label if action in ACTIONS else action.replace("_", " ")
+    return f"{label}{target} recorded; the run is now {RunState(run.state).label.lower()}"
 
 
 def _decide(
@@ -96,7 +97,7 @@ def _decide(
     label = transitions.LABELS[request.action]
     if action == "reject":
         return f"request to {label} turned down"
-    return f"{label} approved and recorded; the run is now {request.run.state}"
+    return f"{label} approved and recorded; the run is now {RunState(request.run.state).label.lower()}"
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,7 @@ class BulkResult:
     reason: str = ""
     version: int | None = None  # move_version: the version the runs move to
     notes: dict[str, str] = field(default_factory=dict)  # a dry run: what it would do to a run in ``done``
+    facts: dict[str, Any] = field(default_factory=dict)  # a dry run: each run's bulk_facts.RunFacts
 
     @property
     def selected(self) -> int:
@@ -308,9 +310,13 @@ class BulkResult:
         return f"move to v{self.version}" if self.version is not None else self.action
 
     @property
-    def listed(self) -> list[tuple[str, str]]:
-        """The runs in ``done``, each with its note ("" without)."""
-        return [(w, self.notes.get(w, "")) for w in self.done]
+    def listed(self) -> list[tuple[str, str, Any]]:
+        """The runs in ``done``, each with its note ("" without) and its facts (None without)."""
+        return [(w, self.notes.get(w, ""), self.facts.get(w)) for w in self.done]
+
+    @property
+    def refused_listed(self) -> list[tuple[str, str, Any]]:
+        return [(w, why, self.facts.get(w)) for w, why in self.refused]
 
 
 def bulk_choices(user: AbstractBaseUser) -> list[tuple[str, str]]:
@@ -368,7 +374,7 @@ def bulk_preview(
     """The dry run: for each run, whether the action would apply now and, if not, why (the
     transitions' own judgement, transitions.why_not; for a move, also versions.move_plan: what
     the move would do, or the step the target cannot continue). Three queries whatever the
-    number of runs (a move: four, its accepted decisions too); nothing is written."""
+    number of runs (a move: four), and bulk_facts' one (state, causes, effects); nothing is written."""
     now = clock.now()
     runs = {r.workflow_id: r for r in WorkflowRun.objects.filter(workflow_id__in=workflow_ids)}
     steps: dict[int, list[StepExecution]] = {}
@@ -401,6 +407,7 @@ def bulk_preview(
             result.done.append(workflow_id)
         else:
             result.refused.append((workflow_id, str(refused)))
+    result.facts = bulk_facts.facts(list(runs.values()), steps, now=now)  # state, causes, effects
     return result
 
 

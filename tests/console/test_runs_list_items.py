@@ -4,6 +4,7 @@ total count, a bulk dry run says what each run is and what stays made, and the d
 the snoozed alerts."""
 
 import html
+import re
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -14,7 +15,10 @@ from recovery import counts
 from recovery.console import selectors
 from recovery.engine.transitions import run_start
 from recovery.models import RunState, StepExecution, WorkflowRun
+from tests.support import receivers
 from tests.support.console import failed_run, login
+from tests.support.engine import drive
+from tests.support.models import RemoteObject
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -163,3 +167,32 @@ def test_the_header_counts_the_runs_matching_the_filters_capped(clock, monkeypat
     assert selectors.total(selectors.RunFilters(), now=clock.now()) == "1,234 runs"
     monkeypatch.setattr(counts, "capped_counts", lambda qs: [(10_000, True)])
     assert selectors.total(selectors.RunFilters(), now=clock.now()) == "10,000+ runs"
+
+
+# --- 4. a bulk dry run says each run's state, cause and standing effects ----------------
+
+
+def test_a_bulk_dry_run_lists_each_runs_state_stuck_cause_and_the_effects_that_stand(clock):
+    receivers.arm("ledger", "forbidden")  # the task and the message are made, the ledger refuses
+    made = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "b-1"})[0], clock)
+    task, message = (made.steps.get(step_name=n).remote_ref for n in ("create_task", "notify"))
+    assert made.state == RunState.FAILED and task and message
+    plain = start("t", "b-2")  # pending, nothing made
+    objects = RemoteObject.objects.count()
+    supervisor = login("supervisor")
+    data = {"action": "terminate", "reason": "bad batch", "run": [made.workflow_id, plain.workflow_id]}
+
+    preview = supervisor.post(reverse("console:bulk"), data)
+    assert preview.status_code == 200
+    facts = preview.context["result"].facts
+    assert facts[made.workflow_id].state == "Failed"
+    assert facts[made.workflow_id].causes == ["Failed, effects stand"]
+    assert facts[made.workflow_id].stand == [f"create_task: {task}", f"notify: {message}"]
+    row = re.search(rf'<tr data-run="{made.workflow_id}">(.*?)</tr>', preview.text, re.S).group(1)
+    assert "<td data-facts-state>Failed</td>" in row and "Failed, effects stand" in row
+    assert f"{task} and {message} stay made" in row
+    other = re.search(rf'<tr data-run="{plain.workflow_id}">(.*?)</tr>', preview.text, re.S).group(1)
+    assert "not stuck" in other and "<td data-facts-effects>none</td>" in other
+    # A dry run changes nothing, here or elsewhere.
+    assert WorkflowRun.objects.get(pk=made.pk).state == RunState.FAILED
+    assert RemoteObject.objects.count() == objects
