@@ -214,7 +214,7 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
     )
     for event in audit:  # what its row shows, formatted once here rather than by template filters
         at = localtime(event.at)
-        event.when, event.when_iso, event.diff = f"{at:%Y-%m-%d %H:%M:%S}", at.isoformat(), event.changes()
+        event.when, event.when_iso, event.diff = f"{at:%Y-%m-%d %H:%M:%S %Z}", at.isoformat(), event.changes()
     return {
         "run": run,
         "steps": steps,
@@ -283,7 +283,7 @@ def timeline(run: WorkflowRun, steps: list[StepExecution]) -> dict[str, Any]:
     marks, operators, listed = [], [], []
     for e in events:
         e["at"] = localtime(e["at"])
-        when = f"{e['at']:%Y-%m-%d %H:%M:%S}"
+        when = f"{e['at']:%Y-%m-%d %H:%M:%S %Z}"
         if e["actor_user_id"] is not None:
             x = scale.x(e["at"])
             on = f" {e['step_name']}" if e["step_name"] else ""
@@ -324,7 +324,7 @@ def timeline(run: WorkflowRun, steps: list[StepExecution]) -> dict[str, Any]:
 
 def _at(when: datetime) -> dict[str, Any]:
     """An event's time as the page prints it: whole, for machines, and the time of day."""
-    return {"at": when, "at_iso": when.isoformat(), "at_hms": f"{when:%H:%M:%S}"}
+    return {"at": when, "at_iso": when.isoformat(), "at_hms": f"{when:%H:%M:%S %Z}"}
 
 
 class _TimeScale:

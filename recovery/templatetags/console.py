@@ -4,6 +4,8 @@ import json
 
 from django import template
 
+from recovery.actions import ACTIONS
+
 register = template.Library()
 
 
@@ -19,3 +21,11 @@ def error_lines(text) -> dict:
     error's problems, one a line) to fold beneath — every one of them, never cut."""
     head, _, rest = str(text or "").partition("\n")
     return {"head": head, "more": [line.removeprefix("- ") for line in rest.split("\n") if line.strip()]}
+
+
+@register.filter
+def action_label(name) -> str:
+    """An audited action as an operator reads it: an operator action's label ("mark not happened"
+    for ``resolve_absent``), else its name in words ("step succeed")."""
+    action = ACTIONS.get(str(name))
+    return action.label if action else str(name).replace("_", " ")

@@ -2,11 +2,13 @@
 404 with a search, also under DJANGO_DEBUG; the audit export's refusals are the console's
 refusal page for a browser and one plain line for scripts."""
 
+import re
+
 import pytest
 from django.urls import reverse
 
 from recovery.models import AuditEvent, WorkflowRun
-from tests.support.console import failed_run, login
+from tests.support.console import act, failed_run, login, unknown_run
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 
@@ -91,3 +93,27 @@ def test_the_demo_page_links_the_run_it_started():
     assert WorkflowRun.objects.count() == 1
     refused = supervisor.post(reverse("demo"), {**data, "invoice_id": ""})
     assert refused.status_code == 400 and "data-started-run" not in refused.text
+
+
+# --- operator text: labels, never internal names; every time with its zone -----------------------
+
+
+def test_an_action_and_its_history_read_as_labels_with_times_in_their_zone(clock, monkeypatch):
+    run = unknown_run(clock, monkeypatch)
+    response = act(login("supervisor"), run, "resolve_absent", step="notify", reason="not in the messenger's outbox")
+    assert response.status_code == 200, response.text
+    flash = re.search(r'class="flash ok"[^>]*>([^<]*)<', response.text).group(1)
+    run.refresh_from_db()
+    assert flash == f"mark not happened (notify) recorded; the run is now {run.get_state_display().lower()}"
+    history = response.text.split('id="run-history"')[1]
+    actions = re.findall(r"<td>u-supervisor</td>\s*<td>([^<]*)</td>|<td>executor</td>\s*<td>([^<]*)</td>", history)
+    actions = [a or b for a, b in actions]
+    assert "resolve" in actions and "step unknown" in actions  # the engine's step_unknown, in words
+    assert all("_" not in a for a in actions)
+    cells = re.findall(r'<td title="[^"]+">([^<]+)</td>', history)
+    assert cells and all(c.endswith(" UTC") for c in cells)
+    versions = re.findall(r"<tr><td>(\d{4}-\d\d-\d\d [\d:]+ [A-Z]+)</td><td>[^<]*</td><td>([^<]*)</td>", history)
+    assert versions and all(when.endswith(" UTC") for when, _ in versions)
+    assert all("_" not in state for _, state in versions)  # "Needs Review", not needs_review
+    listed = re.findall(r'<time datetime="[^"]+">([^<]+)</time>', response.text.split("timeline-events")[1])
+    assert listed and all(t.endswith(" UTC") for t in listed)
