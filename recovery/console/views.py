@@ -19,7 +19,7 @@ from django_htmx.http import HttpResponseStopPolling, reswap, retarget
 
 from recovery import clock, counts, why
 from recovery.actions import PERMISSION_OF
-from recovery.console import panel, selectors, services
+from recovery.console import alert_lists, panel, selectors, services
 from recovery.engine.transitions import TERMINAL_RUN_STATES, lease_is_live, run_version
 from recovery.errors import InvalidTransition, NotPermitted, RunChanged
 from recovery.models import RunState, StepState, WorkflowRun
@@ -340,4 +340,7 @@ def _confirmation(request: HttpRequest, workflow_id: str, action: str) -> HttpRe
 @require_safe
 @permission_required("view")
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return render(request, "console/dashboard.html", services.dashboard(now=clock.now()))
+    now = clock.now()
+    # The dashboard's numbers, and the snoozed alerts (who silenced which, until when, why).
+    context = {**services.dashboard(now=now), "snoozed": alert_lists.snoozed(now)}
+    return render(request, "console/dashboard.html", context)
