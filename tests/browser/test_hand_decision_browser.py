@@ -78,7 +78,7 @@ def test_a_supervisor_writes_the_decision_of_an_off_schema_invoice_in_the_consol
 
     editor.fill(json.dumps(BY_HAND))
     form.locator('button[data-action="supersede:classify"]').click()
-    expect(page.locator("#run-body .flash.ok")).to_contain_text("supersede (classify) recorded")
+    expect(page.locator("#run-body .flash.ok")).to_contain_text("change the decision (classify) recorded")
     expect(page.locator("#run-body")).to_contain_text("set by an operator")
 
     accepted = ModelDecision.objects.get(run=run, state=DecisionState.ACCEPTED)

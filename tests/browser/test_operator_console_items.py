@@ -701,7 +701,7 @@ def test_item8_every_timeline_event_is_reachable_by_keyboard_and_operator_action
     expect(items.first).to_be_visible()
     assert items.count() == total
     expect(page.locator("details.timeline-events li.operator")).to_have_text(
-        re.compile(r"^\d\d:\d\d:\d\d retry create_task — by olga$")
+        re.compile(r"^\d\d:\d\d:\d\d UTC retry create_task — by olga$")
     )
     svg.locator("line.operator").focus()
     shot(page, "item8-timeline-keyboard")
