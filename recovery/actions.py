@@ -310,10 +310,16 @@ def parse_decision(text: str | None) -> dict[str, Any]:
     """An edited decision as the form or ``recover --decision`` gives it: a JSON object."""
     if not (text or "").strip():
         raise InvalidTransition("give the new decision as a JSON object")
+    return parse_object(text, "the decision")
+
+
+def parse_object(text: str, what: str) -> dict[str, Any]:
+    """``what`` (a decision, a step's result) as a person typed it: a JSON object, or
+    InvalidTransition saying what is wrong with it."""
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise InvalidTransition(f"the decision is not valid JSON: {exc}") from None
+        raise InvalidTransition(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise InvalidTransition("the decision must be a JSON object")
+        raise InvalidTransition(f"{what} must be a JSON object")
     return value

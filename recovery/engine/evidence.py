@@ -28,13 +28,14 @@ import pydantic
 from django.contrib.auth.models import AbstractBaseUser
 
 from recovery import clock
-from recovery.actions import ACTIONS
+from recovery.actions import ACTIONS, parse_object
 from recovery.engine import agent
 from recovery.engine.calls import as_outcome, invoke
 from recovery.engine.plan import Plan, build_intent
 from recovery.engine.transitions import DONE_STEP_STATES, Situation, offers, why_not
 from recovery.errors import InvalidTransition, NotThisStep
 from recovery.models import StepExecution, StepState, WorkflowRun
+from recovery.validation import one_line, problem_text, problems_of
 from recovery.workflow import StepSpec, is_journal_name, journal_rows, parse_journal_name
 
 MAX_REMOTE_REF = StepExecution._meta.get_field("remote_ref").max_length
@@ -123,17 +124,14 @@ def _filled_in(
     if isinstance(result, str):
         if len(result) > MAX_RESULT_CHARS:
             raise InvalidTransition(f"the result has at most {MAX_RESULT_CHARS} characters")
-        try:
-            result = json.loads(result)
-        except ValueError as exc:
-            raise InvalidTransition(f"the result is not JSON: {exc}") from None
+        result = parse_object(result, "the result")
     if not isinstance(result, dict):
         raise InvalidTransition("the result must be a JSON object")
     try:
         checked = schema.model_validate(result).model_dump(mode="json")
     except pydantic.ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'result'}: {e['msg']}" for e in exc.errors())
-        raise InvalidTransition(f"the result does not match {schema.__name__}: {problems}") from None
+        headline = f"the result does not match {schema.__name__}"
+        raise InvalidTransition(one_line(problem_text(headline, problems_of(exc)))) from None
     who = actor.get_username() if actor is not None else "the system"
     return {"remote_ref": remote_ref, "result": checked, "checked": f"filled in by {who}, valid {schema.__name__}"}
 

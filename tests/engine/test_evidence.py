@@ -101,7 +101,7 @@ def test_where_the_receiver_cannot_be_asked_the_operator_fills_the_declared_resu
 
     for result, said in [
         (None, r"fill in its result \(Delivery\)"),
-        ("not json", "the result is not JSON"),
+        ("not json", "the result is not valid JSON"),
         ("[1]", "the result must be a JSON object"),
         ('{"message_id": "x"}', "does not match Delivery: message_id: Input should be a valid integer"),
         ('{"message_id": 1, "by": "me"}', "by: Extra inputs are not permitted"),

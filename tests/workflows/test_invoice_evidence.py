@@ -5,6 +5,8 @@ the tracker (GET /sandbox/tasks/X): another run's task, or an id it does not hav
 nothing is recorded; the real one records the tracker's own answer and the run completes with one
 task, one message and one ledger entry."""
 
+import re
+
 import pytest
 from django.core.management import CommandError, call_command
 
@@ -91,7 +93,7 @@ def test_another_tenants_task_or_a_made_up_id_is_refused_at_the_tracker_and_noth
     sue = person("sue")
 
     for ref, said in [
-        (theirs, f"{theirs} is not create_approval_task's object: {theirs} was created by another request"),
+        (theirs, f"{theirs} is not create_approval_task's object: {theirs} was made by another request"),
         ("no such thing!!", "the receiver has no no such thing"),
         ("task_999999", "the receiver has no task_999999"),
         (their_entry.public_id, f"the receiver has no {their_entry.public_id}"),  # not a task at all
@@ -133,7 +135,8 @@ def test_another_runs_ledger_entry_is_not_this_runs_posting(clock, monkeypatch):
     faults.set_fault("ledger", "find", "unavailable", times=12)
     run = drive(run, clock)
     assert run.steps.get(step_name="post_ledger_entry").state == StepState.UNKNOWN
-    with pytest.raises(InvalidTransition, match=f"{theirs} is the entry 'invoice:globex:GX-2', not this run's"):
+    said = re.escape(f"{theirs} was made by another request (its reference is 'invoice:globex:GX-2', not this step's)")
+    with pytest.raises(InvalidTransition, match=said):
         resolve_happened(
             workflow_id=run.workflow_id,
             step_name="post_ledger_entry",

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import PermanentError, PolicyRefusal
-from recovery.workflow import NotThisStep, Reconcile, Rerun, Workflow
+from recovery.workflow import Reconcile, Rerun, Workflow
 from workflows.invoice import adapters
 from workflows.invoice.model import call_timeout
 from workflows.invoice.workflow import LEDGER_POLICY, MODEL_POLICY, READ_POLICY, WRITE_POLICY
@@ -138,12 +138,8 @@ def _(ctx):
 @issue_credit_note.lookup_ref
 def _(ctx, entry_id):
     """An operator's "it succeeded, entry X": X must be the credit note posted under this call's key."""
-    entry = adapters.get_entry(entry_id=entry_id)
-    if entry is None:
-        return None
-    if entry.get("reference") != ctx.idempotency_key:
-        raise NotThisStep(f"{entry_id} is the posting {entry.get('reference')!r}, not this call's credit note")
-    return adapters.entry_outcome(entry)
+    entry = adapters.own(adapters.get_entry(entry_id=entry_id), reference=ctx.idempotency_key)
+    return adapters.entry_outcome(entry) if entry else None
 
 
 @issue_credit_note.compensate(who="supervisor", description="reverse the credit note (a reversing entry)")
@@ -197,12 +193,8 @@ def _(ctx):
 @notify_customer.lookup_ref
 def _(ctx, message_id):
     """An operator's "it succeeded, message X": X must be the message sent under this call's key."""
-    message = adapters.get_message(message_id=message_id)
-    if message is None:
-        return None
-    if message.get("client_ref") != ctx.idempotency_key:
-        raise NotThisStep(f"{message_id} was sent by another request (its client reference is not this call's key)")
-    return adapters.message_outcome(message)
+    message = adapters.own(adapters.get_message(message_id=message_id), client_ref=ctx.idempotency_key)
+    return adapters.message_outcome(message) if message else None
 
 
 @notify_customer.guard("no_links")

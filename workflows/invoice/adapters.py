@@ -20,7 +20,15 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings
 
-from recovery.errors import PermanentError, RateLimited, StepError, TransientError, UnclassifiedError, UnknownOutcome
+from recovery.errors import (
+    NotThisStep,
+    PermanentError,
+    RateLimited,
+    StepError,
+    TransientError,
+    UnclassifiedError,
+    UnknownOutcome,
+)
 from recovery.redaction import redact_text
 from recovery.workflow import Outcome
 
@@ -109,6 +117,19 @@ def _by_id(path: str, what: str, client: SandboxClient | None) -> dict | None:
     """One object by the receiver's own id (a read), or None when the receiver has none (404)."""
     response = (client or SandboxClient()).request("GET", path, what=what, changes_state=False, accept=frozenset({404}))
     return None if response.status_code == 404 else response.json()
+
+
+def own(found: dict | None, **expected: str) -> dict | None:
+    """An object an operator named by its id (an ``@lookup_ref``), if it is the step's own: each
+    field in ``expected`` (its key, client reference, transaction reference, kind) holds the
+    step's value. None stays None (the receiver has no such object); another request's object is
+    NotThisStep, naming the field that tells them apart."""
+    for field, value in expected.items():
+        if found is not None and found.get(field) != value:
+            raise NotThisStep(
+                f"{found.get('id')} was made by another request (its {field} is {found.get(field)!r}, not this step's)"
+            )
+    return found
 
 
 def _first(response: httpx.Response) -> dict | None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import PolicyRefusal
 from recovery.retries import RetryPolicy
-from recovery.workflow import CompensationPolicy, NotThisStep, Reconcile, Rerun, Workflow
+from recovery.workflow import CompensationPolicy, Reconcile, Rerun, Workflow
 
 from . import adapters
 from .model import SCHEMA_VERSION, InvoiceDecision, call_timeout, get_provider
@@ -160,15 +160,8 @@ def _(ctx):
 @create_approval_task.lookup_ref
 def _(ctx, task_id):
     """An operator's "it succeeded, task X": X must be the task this step's key created."""
-    task = adapters.get_task(task_id=task_id)
-    if task is None:
-        return None
-    if task.get("idempotency_key") != ctx.idempotency_key:
-        raise NotThisStep(
-            f"{task_id} was created by another request (not under this step's idempotency key "
-            f"{ctx.idempotency_key[:12]}…): {task.get('title', '')!r}"
-        )
-    return adapters.task_outcome(task)
+    task = adapters.own(adapters.get_task(task_id=task_id), idempotency_key=ctx.idempotency_key)
+    return adapters.task_outcome(task) if task else None
 
 
 @create_approval_task.guard("invoice_open_in_ledger")
@@ -245,12 +238,8 @@ def _(ctx):
 @notify_approver.lookup_ref
 def _(ctx, message_id):
     """An operator's "it succeeded, message X": X must be the message sent under this step's key."""
-    message = adapters.get_message(message_id=message_id)
-    if message is None:
-        return None
-    if message.get("client_ref") != ctx.idempotency_key or message.get("kind", "message") != "message":
-        raise NotThisStep(f"{message_id} was sent by another request (its client reference is not this step's key)")
-    return adapters.message_outcome(message)
+    message = adapters.own(adapters.get_message(message_id=message_id), client_ref=ctx.idempotency_key, kind="message")
+    return adapters.message_outcome(message) if message else None
 
 
 @notify_approver.compensate(who="operator")
@@ -297,14 +286,8 @@ def _(ctx):
 @post_ledger_entry.lookup_ref
 def _(ctx, entry_id):
     """An operator's "it succeeded, entry X": X must be this run's posting (its reference)."""
-    entry = adapters.get_entry(entry_id=entry_id)
-    if entry is None:
-        return None
-    if entry.get("reference") != ctx.workflow_id or entry.get("kind", "entry") != "entry":
-        raise NotThisStep(
-            f"{entry_id} is the {entry.get('kind')} {entry.get('reference')!r}, not this run's {ctx.workflow_id!r}"
-        )
-    return adapters.entry_outcome(entry)
+    entry = adapters.own(adapters.get_entry(entry_id=entry_id), reference=ctx.workflow_id, kind="entry")
+    return adapters.entry_outcome(entry) if entry else None
 
 
 @post_ledger_entry.compensate(who="supervisor")
