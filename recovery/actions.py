@@ -222,8 +222,11 @@ PERMISSION_OF = {**{name: action.permission for name, action in ACTIONS.items()}
 # (recovery.recommend), the others stay under "more actions". A run stuck for several causes is
 # judged by the first of them in this table's order (the most specific first, "needs review" last).
 # A cause whose actions the run's state does not allow names what to do instead (NO_RUN_ACTION);
-# ALERT_FIRING: a run stuck for no cause any more whose alert still fires.
+# ALERT_FIRING: a run stuck for no cause any more whose alert still fires. FAILED: a run that
+# failed with nothing written elsewhere (not a stuck cause: nothing is wrong with what exists).
 ALERT_FIRING = "alert_firing"
+FAILED = "failed"
+NOT_STUCK_LABELS = {ALERT_FIRING: "Alert firing", FAILED: "Failed, nothing written elsewhere"}
 RECOMMENDED: dict[str, tuple[str, ...]] = {
     "approval": (),
     "no_executor": (),
@@ -238,6 +241,7 @@ RECOMMENDED: dict[str, tuple[str, ...]] = {
     "compensation_failed": ("compensate", "terminate"),
     "message_undelivered": ("resume",),
     "needs_review": ("resume",),
+    FAILED: ("retry", "resume", "terminate"),
     ALERT_FIRING: ("snooze_alert",),
 }
 NO_RUN_ACTION = {

@@ -15,7 +15,9 @@ from recovery import counts, permissions
 from recovery.actions import (
     ACTIONS,
     ALERT_FIRING,
+    FAILED,
     NO_RUN_ACTION,
+    NOT_STUCK_LABELS,
     RECOMMENDED,
     RECONCILE_SENDS,
     Confirm,
@@ -23,7 +25,7 @@ from recovery.actions import (
     command_line,
 )
 from recovery.engine import transitions
-from recovery.models import StepState, WorkflowRun
+from recovery.models import RunState, StepState, WorkflowRun
 
 
 @dataclass(frozen=True)
@@ -65,11 +67,13 @@ def recommend(
     do it is ``offered`` (their pairs), else ``who`` names the role that can."""
     valid = transitions.offered(situation, None)
     mine = transitions.offered(situation, actor) if offered is None else offered
+    if not causes and situation.run.state == RunState.FAILED:
+        causes = [FAILED]  # a failed step to retry once its cause is fixed, or a run to terminate
     if not causes and situation.firing_alert:
         causes = [ALERT_FIRING]
     username = username or (actor.get_username() if actor is not None else "<you>")
     for cause in causes:
-        label = counts.STUCK_LABELS.get(cause, "Alert firing")
+        label = counts.STUCK_LABELS.get(cause) or NOT_STUCK_LABELS[cause]
         for name in RECOMMENDED.get(cause, ()):
             step = _step_for(cause, name, situation, valid)
             if step is False:
@@ -112,7 +116,7 @@ def _cause_step(cause: str, s: transitions.Situation) -> str | None:
 
     if cause in ("unknown", "lease_expired"):
         return first(lambda step: s.state_of(step) == StepState.UNKNOWN)
-    if cause in ("exhausted", "model_output"):
+    if cause in ("exhausted", "model_output", FAILED):
         return first(lambda step: step.state == StepState.FAILED)
     if cause in ("policy_refused", "agent_stopped"):
         return first(lambda step: bool(step.refusal) and step.state != StepState.SKIPPED)

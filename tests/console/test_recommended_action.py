@@ -18,7 +18,7 @@ from recovery.actions import ACTIONS, NO_RUN_ACTION, RECOMMENDED, command_line
 from recovery.counts import stuck_causes
 from recovery.management.commands.recover import Command as Recover
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
-from tests.support import stuck
+from tests.support import receivers, stuck
 from tests.support.console import act, login
 
 pytestmark = pytest.mark.django_db
@@ -99,6 +99,18 @@ def test_a_refused_policy_recommends_changing_the_decision_and_an_operator_reads
     assert "Change the decision decide: it replaces the model's decision" in html
     assert 'href="#decision-decide"' in html
     assert "manage.py recover supersede policy:t:refused --step decide --decision-file '<decision.json>'" in html
+
+
+def test_a_run_that_failed_with_nothing_written_recommends_retrying_its_step(clock):
+    """Not a stuck cause (nothing is wrong with what exists), but a person must act: retry the step
+    once its cause is fixed (or resume, or terminate), first among the buttons."""
+    receivers.arm("task", "forbidden")
+    run = stuck.start(clock, "early")
+    assert run.state == RunState.FAILED and recommend.causes_of(run, engine_clock.now()) == []
+    html = page(login("supervisor"), run)
+    assert 'data-advice="failed"' in html and 'data-recommended="retry:create_task"' in html
+    assert items(html)[0] == "retry:create_task"
+    assert "Recommended</b> for this run (failed, nothing written elsewhere)" in unescape(html)
 
 
 def test_a_run_that_is_not_stuck_has_no_recommendation_and_its_actions_stay_open(clock):
