@@ -101,6 +101,11 @@ class RunFilters:
         return [(k, str(v)) for k, v in asdict(self).items() if v not in ("", None) and k not in ("after", "mark")]
 
     @property
+    def filtered(self) -> bool:
+        """Whether any filter or a search narrows the list (the cursor and the order do not)."""
+        return any(v not in ("", None) for k, v in asdict(self).items() if k not in ("sort", "after", "mark"))
+
+    @property
     def order(self) -> tuple[str, bool]:
         """The sorted column (a key of SORTS) and whether it is descending."""
         sort = self.sort or DEFAULT_SORT
@@ -335,7 +340,9 @@ def runs_page(filters: RunFilters, *, now: datetime) -> tuple[list[WorkflowRun],
 
 def total(filters: RunFilters, *, now: datetime) -> str:
     """How many runs match the filters (every page of them), as the list's header says it:
-    "1,234 runs", "10,000+ runs" (counts.capped_counts: one query reading at most COUNT_CAP + 1
-    rows, however many match)."""
+    "1,234 runs", "10,000+ runs", "1 run matches the filters" (counts.capped_counts: one query
+    reading at most COUNT_CAP + 1 rows, however many match)."""
     (n, capped), *_ = counts.capped_counts([filters.queryset(now)])
-    return f"{n:,}{'+' if capped else ''} run{'' if n == 1 and not capped else 's'}"
+    one = n == 1 and not capped
+    found = f"{n:,}{'+' if capped else ''} run{'' if one else 's'}"
+    return f"{found} {'matches' if one else 'match'} the filters" if filters.filtered else found

@@ -308,14 +308,14 @@ def test_item2_a_failed_run_with_standing_effects_is_under_stuck_and_the_count_m
 def test_item3_the_why_sentence_is_on_the_list_row_and_on_the_run_page(page_as, clock, live_server, monkeypatch):
     retrying = waiting_to_retry("why-retry")
     retry_says = (
-        f"retrying create_task at {retrying.next_wake_at:%H:%M:%S} "
+        f"retrying create_task at {retrying.next_wake_at:%H:%M:%S} UTC "
         "(attempt 2 of 4; rate_limited: task: 429 too many requests)"
     )
     held = start("why-held")
     crash_at(monkeypatch, "create_task:after_call", lambda: advance(held.pk, owner="w2@host"))
     held.refresh_from_db()
     assert held.state == RunState.RUNNING and held.lease_expires_at > clock.now()
-    held_says = f"held by executor w2@host until {held.lease_expires_at:%H:%M:%S} (lease), running create_task"
+    held_says = f"held by executor w2@host until {held.lease_expires_at:%H:%M:%S} UTC (lease), running create_task"
 
     page = page_as("viewer")
     expect(row_of(page, retrying).locator("td.why")).to_have_text(retry_says)
@@ -332,7 +332,7 @@ def test_item3_the_why_sentence_is_on_the_list_row_and_on_the_run_page(page_as, 
     # Once the lease has expired, the sentence says so (and the page follows without a reload).
     clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
     expect(page.locator("[data-why]")).to_have_text(
-        f"Now: the lease of w2@host expired at {held.lease_expires_at:%H:%M:%S}: "
+        f"Now: the lease of w2@host expired at {held.lease_expires_at:%H:%M:%S} UTC: "
         "waiting for another executor to take the run over",
         timeout=LIVE,
     )
@@ -513,7 +513,7 @@ def test_item6_the_runs_list_keeps_the_checked_runs_and_the_reason_across_its_re
     page.locator("#bulk-actions select[name=action]").select_option("resume")
     page.get_by_role("button", name="Check first (dry run)").click()
     expect(page.locator("[data-dry-run]")).to_contain_text("2 of 2 selected runs would be changed")
-    would = page.locator("details", has_text="The runs that would change").locator("li")
+    would = page.locator("details", has_text="The runs that would change").locator("tbody tr td:first-child a")
     assert sorted(would.all_inner_texts()) == [a.workflow_id, b.workflow_id]
     assert AuditEvent.objects.filter(action="resume").count() == 0
     assert states(a, b) == {a.workflow_id: RunState.FAILED, b.workflow_id: RunState.FAILED}
@@ -573,7 +573,7 @@ def test_item7_bulk_shows_a_dry_run_changes_nothing_before_confirmation_then_app
     dry = page.locator("[data-dry-run]")
     expect(dry).to_contain_text("Dry run: nothing has changed yet. 2 of 3 selected runs would be changed")
     expect(dry).to_contain_text("1 would be left untouched")
-    would = page.locator("details", has_text="The runs that would change").locator("li")
+    would = page.locator("details", has_text="The runs that would change").locator("tbody tr td:first-child a")
     assert sorted(would.all_inner_texts()) == [f1.workflow_id, f2.workflow_id]
     refused = page.locator("table tbody tr", has=page.get_by_role("link", name=done.workflow_id, exact=True))
     expect(refused).to_contain_text("a finished run cannot be resumed")

@@ -158,9 +158,9 @@ def test_the_header_counts_the_runs_matching_the_filters_capped(clock, monkeypat
     assert '<p class="total" data-total aria-live="polite">12 runs</p>' in everything.text
     failed = sum(r.state == RunState.FAILED for r in runs)
     by_state = viewer.get(reverse("console:runs"), {"state": "failed"}, headers=part)
-    assert f">{failed} runs</p>" in by_state.text
+    assert f">{failed} runs match the filters</p>" in by_state.text
     one = viewer.get(reverse("console:runs"), {"q": "s-003"}, headers=part)
-    assert ">1 run</p>" in one.text
+    assert ">1 run matches the filters</p>" in one.text
     assert "… runs" in viewer.get(reverse("console:runs")).text  # the page first, its numbers after
     monkeypatch.setattr(counts, "COUNT_CAP", 5)
     assert ">5+ runs</p>" in viewer.get(reverse("console:runs"), headers=part).text
