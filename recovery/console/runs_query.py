@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -296,11 +296,11 @@ def _mark_value(sort: str, mark: str) -> Any:
     if field == "pk":
         return ""
     if field == "updated_at":
-        try:
+        try:  # in UTC, as stored: a time at the ends of the calendar may not have one
             value = datetime.fromisoformat(mark)
-        except ValueError:
+            return value.astimezone(UTC) if value.tzinfo is not None else None
+        except (ValueError, OverflowError):
             return None
-        return value if value.tzinfo is not None else None
     if field == "state":
         return mark if mark in RunState.values else None
     return mark or None

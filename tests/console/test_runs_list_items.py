@@ -133,6 +133,12 @@ def test_the_list_sorts_by_each_column_both_ways_across_its_pages(clock):
     first = viewer.get(reverse("console:runs"), {"sort": "updated", "after": runs[5].pk, "mark": "yesterday"})
     oldest_update = sorted(runs, key=by["updated"])[0]
     assert first.status_code == 200 and first.context["runs"][0] == oldest_update
+    for mark in ("9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00", "2026-01-01T00:00:00", "x" * 300):
+        odd = viewer.get(reverse("console:runs"), {"sort": "-updated", "after": runs[5].pk, "mark": mark})
+        assert odd.status_code == 200 and odd.context["filters"].after is None, mark
+    for sort, mark in (("state", "no-such-state"), ("workflow", "")):
+        odd = viewer.get(reverse("console:runs"), {"sort": sort, "after": runs[5].pk, "mark": mark})
+        assert odd.status_code == 200 and odd.context["filters"].after is None, sort
 
 
 def test_the_column_headers_sort_and_say_how_the_list_is_sorted(clock):
