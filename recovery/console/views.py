@@ -19,7 +19,7 @@ from django_htmx.http import HttpResponseStopPolling, reswap, retarget
 
 from recovery import clock, counts, why
 from recovery.actions import PERMISSION_OF
-from recovery.console import alert_lists, panel, selectors, services
+from recovery.console import alert_lists, overview, panel, selectors, services
 from recovery.engine.transitions import TERMINAL_RUN_STATES, lease_is_live, run_version
 from recovery.errors import InvalidTransition, NotPermitted, RunChanged
 from recovery.models import RunState, StepState, WorkflowRun
@@ -342,5 +342,5 @@ def _confirmation(request: HttpRequest, workflow_id: str, action: str) -> HttpRe
 def dashboard(request: HttpRequest) -> HttpResponse:
     now = clock.now()
     # The dashboard's numbers, and the snoozed alerts (who silenced which, until when, why).
-    context = {**services.dashboard(now=now), "snoozed": alert_lists.snoozed(now)}
+    context = {**overview.dashboard(now=now), "snoozed": alert_lists.snoozed(now)}
     return render(request, "console/dashboard.html", context)
