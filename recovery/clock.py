@@ -22,3 +22,9 @@ def driven_by(source: Callable[[], datetime]) -> Iterator[None]:
         yield
     finally:
         _source = previous
+
+
+def time_of_day(when: datetime) -> str:
+    """A time of day in the console's zone (settings.TIME_ZONE), with that zone: "12:03:04 UTC".
+    What people read (pages, sentences, ``show_run``); machine outputs keep ISO 8601."""
+    return f"{timezone.localtime(when):%H:%M:%S %Z}"

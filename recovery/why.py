@@ -14,6 +14,7 @@ from django.utils.timezone import localtime
 
 from recovery import executors, registry
 from recovery.actions import ACTIONS
+from recovery.clock import time_of_day
 from recovery.engine.transitions import AGENT_STOPPED, TERMINAL_RUN_STATES, UNDONE_STEP_STATES, lease_is_live
 from recovery.errors import ErrorKind
 from recovery.models import (
@@ -32,7 +33,8 @@ from recovery.workflow import all_workflows, workflow_of
 
 
 def _at(when: datetime | None) -> str:
-    return f"{when:%H:%M:%S}" if when is not None else "—"
+    """A time of day with its zone ("12:03:04 UTC"), as every page says it."""
+    return time_of_day(when) if when is not None else "—"
 
 
 def _error(step: StepExecution, limit: int = 120) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.utils.timezone import localtime
 
+from recovery.clock import time_of_day
 from recovery.engine.transitions import lease_is_live
 from recovery.models import AGENT_STOPPED, IN_PROGRESS_RUN_STATES, RunState, StepExecution, StepState, WorkflowRun
 
@@ -30,8 +31,8 @@ class StateLabel:
 
 
 def at(when: datetime) -> str:
-    """A time of day with its zone: "12:03:04 UTC"."""
-    return f"{localtime(when):%H:%M:%S %Z}"
+    """A time of day with its zone: "12:03:04 UTC" (recovery.clock.time_of_day, as every page says it)."""
+    return time_of_day(when)
 
 
 def moves_by_itself(run: WorkflowRun) -> bool:

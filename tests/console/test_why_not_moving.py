@@ -53,7 +53,7 @@ def test_a_run_waiting_to_retry_says_which_step_when_and_which_attempt(said, clo
     advance(run.pk)
     run.refresh_from_db()
     listed, page = said(run)
-    at = f"{run.next_wake_at:%H:%M:%S}"
+    at = f"{run.next_wake_at:%H:%M:%S} UTC"  # every time with its zone
     assert page == f"retrying create_task at {at} (attempt 2 of 4; rate_limited: task: 429 too many requests)"
     assert listed == page
 
@@ -62,7 +62,7 @@ def test_a_held_run_names_its_executor_and_a_lost_lease_says_so(said, clock, mon
     run = start("held")
     crash_at(monkeypatch, "create_task:after_call", lambda: advance(run.pk, owner="w2@host"))
     run.refresh_from_db()
-    until = f"{run.lease_expires_at:%H:%M:%S}"
+    until = f"{run.lease_expires_at:%H:%M:%S} UTC"
     assert said(run)[1] == f"held by executor w2@host until {until} (lease), running create_task"
     clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
     assert said(run)[1] == (
@@ -140,7 +140,7 @@ def test_an_unknown_outcome_being_looked_up_again_is_not_stuck_until_then(said, 
         if run.state == RunState.WAITING:
             break
     assert run.state == RunState.WAITING
-    assert said(run)[1] == f"outcome of notify unknown: looking it up again at {run.next_wake_at:%H:%M:%S}"
+    assert said(run)[1] == f"outcome of notify unknown: looking it up again at {run.next_wake_at:%H:%M:%S} UTC"
     assert run not in RunFilters(stuck="unknown").newest(clock.now(), limit=5)
 
 
@@ -148,6 +148,6 @@ def test_a_run_reserved_for_a_script_says_for_whom_and_until_when(said, clock):
     until = clock.now() + timedelta(minutes=15)
     run = run_start(workflow="test_orders", data={"tenant": "t", "order_id": "seeded"}, reserve=("seed-demo", until))[0]
     listed, page = said(run)
-    assert page == listed == f"reserved for seed-demo until {until:%H:%M:%S}: other executors leave it alone"
+    assert page == listed == f"reserved for seed-demo until {until:%H:%M:%S} UTC: other executors leave it alone"
     clock.advance(15 * 60)
     assert said(run)[1] == "due now: waiting for an executor to claim it"

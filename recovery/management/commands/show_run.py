@@ -1,10 +1,13 @@
 import json
 import time
+from datetime import datetime
 
 from django.conf import settings
 from django.core.management.base import CommandError
+from django.utils.timezone import localtime
 
 from recovery import clock, recommend
+from recovery.clock import time_of_day
 from recovery.console.selectors import run_document
 from recovery.engine.transitions import DONE_STEP_STATES, lease_is_live
 from recovery.management.base import RecoveryCommand
@@ -75,7 +78,7 @@ class Command(RecoveryCommand):
         for e in doc["audit"]:
             step = f" {e['step']}" if e["step"] else ""
             reason = f": {e['reason']}" if e["reason"] else ""
-            write(f"    {e['at'][:19]}  {e['actor']:<14} {e['action']}{step}{reason}".replace("\n", "\n      "))
+            write(f"    {_when(e['at'])}  {e['actor']:<14} {e['action']}{step}{reason}".replace("\n", "\n      "))
 
 
 def _recommended(write, workflow_id: str) -> None:
@@ -85,6 +88,13 @@ def _recommended(write, workflow_id: str) -> None:
         write(f"  recommended: {recommend.said(advice)}")
         if advice.command:
             write(f"    {advice.command}")
+
+
+def _when(iso: str) -> str:
+    """An audit event's time as people read it, with its zone: "2026-12-03 14:03:10 UTC" (the
+    JSON keeps ISO 8601)."""
+    at = datetime.fromisoformat(iso)
+    return f"{localtime(at):%Y-%m-%d} {time_of_day(at)}"
 
 
 def _dumps(doc: dict) -> str:
