@@ -680,7 +680,8 @@ def test_item8_every_timeline_event_is_reachable_by_keyboard_and_operator_action
     expect(svg.locator("text.gap-label")).to_have_text(["+2 h 13 min"])  # the quiet gap, compressed
     focusable = svg.locator("[tabindex]")
     total = focusable.count()
-    assert total == svg.locator("circle.mark").count() + svg.locator("line.operator").count()
+    bars, marks = svg.locator("rect.attempt").count(), svg.locator("circle.mark").count()
+    assert total == bars + marks + svg.locator("line.operator").count()  # each attempt a bar
     assert svg.locator("line.operator").count() == 1
     titles = focusable.evaluate_all("(els) => els.map((e) => e.querySelector('title').textContent)")
     assert all(t.strip() for t in titles)
@@ -699,7 +700,7 @@ def test_item8_every_timeline_event_is_reachable_by_keyboard_and_operator_action
     page.keyboard.press("Enter")
     items = page.locator("details.timeline-events li")
     expect(items.first).to_be_visible()
-    assert items.count() == total
+    assert items.count() == total + bars  # an attempt's bar is two events of the list: its start, its outcome
     expect(page.locator("details.timeline-events li.operator")).to_have_text(
         re.compile(r"^\d\d:\d\d:\d\d UTC retry create_task — by olga$")
     )
@@ -725,7 +726,7 @@ def test_item8_on_a_run_waiting_for_a_person_the_opened_event_list_and_the_focus
     expect(page.locator("details.timeline-events")).to_have_attribute("open", "")
     intent_row(page, "create_task").get_by_text("intent (checkpointed before the call)").click()
     expect(intent_row(page, "create_task").locator("details").first).to_have_attribute("open", "")
-    page.locator("svg.timeline circle.mark").first.focus()
+    page.locator("svg.timeline rect.attempt").first.focus()
     assert page.evaluate(FOCUSED)["at"] == "timeline"
     polled(page, lambda: page.clock.fast_forward(4_000))  # the page's 3 s refresh
     shot(page, "item8-timeline-after-refresh")

@@ -282,10 +282,11 @@ def test_the_run_page_shows_the_latest_events_versions_and_attempts_and_links_th
     assert context["versions"][0].status_reason == f"note {selectors.AUDIT_SHOWN + 4}"
 
     timeline = context["timeline"]
-    assert len(timeline["marks"]) == selectors.TIMELINE_POINTS and timeline["truncated"]
-    assert page.text.count('class="mark ') == selectors.TIMELINE_POINTS
+    # Each attempt (a begin and its outcome: two events) is one bar.
+    assert len(timeline["bars"]) == selectors.TIMELINE_POINTS // 2 and timeline["truncated"] and not timeline["marks"]
+    assert page.text.count('class="attempt ') == selectors.TIMELINE_POINTS // 2
     assert "The latest 100 events" in page.text
-    xs = [m["x"] for m in timeline["marks"]]
+    xs = [b["x"] for b in timeline["bars"]]
     assert xs == sorted(xs) and xs[0] == timeline["left"] + 8  # oldest shown at the start of the axis
     assert timeline["end"] == run.audit_events.order_by("-at").first().at
 

@@ -173,18 +173,19 @@ def test_the_timeline_compresses_a_long_quiet_gap_marks_operators_and_lists_ever
     line = selectors.timeline(run, list(run.steps.order_by("position")))
 
     assert [g["label"] for g in line["gaps"]] == ["+2 h 13 min"]
-    xs = [m["x"] for m in line["marks"]]
+    xs = [b["x"] for b in line["bars"]]  # each attempt a bar (from its begin to its outcome)
     assert xs == sorted(xs) and xs[-1] - xs[0] <= line["width"] - line["left"]
     # The two hours are drawn as a narrow gap, not as the whole width (the test's clock stands
     # still within each burst, so each burst is one instant).
     assert xs[-1] - xs[0] == pytest.approx(selectors._TimeScale.GAP)
     assert [o["actor"] for o in line["operators"]] == ["olga"]
-    assert line["ticks"][0]["label"] == f"{run.created_at:%H:%M:%S}" and len(line["ticks"]) >= 1
+    assert line["ticks"][0]["label"] == f"{run.created_at:%H:%M:%S} UTC" and len(line["ticks"]) >= 1
     listed = [e["what"] for e in line["events"]]
     assert "retry create_task" in listed and "create_task: step_fail" in listed
     html = page(login("viewer"), run)
     assert "+2 h 13 min" in html and "retry create_task — by olga" in html
-    assert html.count('tabindex="0"') >= len(line["marks"]) + 1  # every mark and the operator line focusable
+    # every bar, mark and the operator line focusable
+    assert html.count('tabindex="0"') >= len(line["bars"]) + len(line["marks"]) + 1
 
 
 @pytest.mark.parametrize("workflow_id", ["order:t:o-1", "order:t:a b/c?d#e%f", "order:ümlaut:ä&x=1", "order:t:+;,'()*"])
