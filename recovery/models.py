@@ -226,6 +226,15 @@ class ModelDecision(models.Model):
 FAILURE_ACTIONS = ["step_fail", "step_unknown", "outbox_retry"]
 
 
+_STATE_KEYS = {"run": RunState, "step": StepState}  # the audit's snapshot keys that hold a state
+
+
+def _said(key: str, value):
+    """A snapshot value as people read it: a state by its label, anything else as it is."""
+    kind = _STATE_KEYS.get(key)
+    return kind(value).label if kind is not None and value in kind.values else value
+
+
 class AuditEvent(models.Model):
     """Append-only: one row per transition, written in the transition's transaction. The
     database refuses to update or delete one (triggers, recovery.engine.audit.chain), and chains each
@@ -264,10 +273,11 @@ class AuditEvent(models.Model):
         ]
 
     def changes(self) -> list[str]:
-        """The before → after difference, one "key: old → new" per changed key."""
+        """The before → after difference, one "key: old → new" per changed key, a run's and a
+        step's state by its label (what the console shows people; the export keeps the values)."""
         before, after = self.before or {}, self.after or {}
         keys = [k for k in {**before, **after} if before.get(k) != after.get(k)]
-        return [f"{k}: {before.get(k, '—')} → {after.get(k, '—')}" for k in keys]
+        return [f"{k}: {_said(k, before.get(k, '—'))} → {_said(k, after.get(k, '—'))}" for k in keys]
 
     def save(self, *args, **kwargs):
         if self.pk is not None:

@@ -45,6 +45,17 @@ def test_a_step_waiting_to_retry_is_not_shown_failed_and_a_succeeded_step_shows_
     assert "earlier: transient" in row  # the history keeps it
 
 
+def test_the_history_reads_states_by_their_labels_and_the_export_keeps_the_values(clock):
+    receivers.arm("task", "forbidden")
+    run = drive(start("labels"), clock)
+    viewer = login("viewer")
+    history = page(viewer, run).split('id="run-history"')[1].split("</table>")[0]
+    assert "run: Running → Failed" in history and "step: Running → Failed" in history
+    assert "running →" not in history and "→ failed" not in history  # no internal value in people's text
+    export = viewer.get(reverse("console:audit-export"), {"format": "jsonl", "run": run.workflow_id})
+    assert '"run":"failed"' in b"".join(export.streaming_content).decode()  # an API: the values, unchanged
+
+
 def test_input_intents_results_and_decisions_are_pretty_json_and_keys_are_whole(clock):
     run = drive(start("json"), clock)
     html = page(login("viewer"), run)
