@@ -7,6 +7,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from recovery.engine import transitions
 from recovery.models import AuditEvent, RunState, WorkflowRun
 from tests.support.engine import person
 
@@ -105,6 +106,20 @@ def test_show_run_piped_into_head_stops_quietly_and_names_the_run_page(settings)
     with pytest.raises(SystemExit) as stopped:  # no traceback: the reader has gone, the command stops
         call_command("show_run", wid, stdout=_ReaderGone(3), stderr=err)
     assert stopped.value.code == 141 and err.getvalue() == ""
+
+
+def test_show_run_wait_a_run_whose_executor_died_rests_only_while_no_executor_is_live(clock, settings):
+    """A running run whose lease expired is taken over by a live executor (make run restarts its
+    own): until then it is still moving; with no executor live it rests, and says so."""
+    wid = run_cmd("start_workflow", "test_orders", "--input", json.dumps(EVENT))
+    run = WorkflowRun.objects.get(workflow_id=wid)
+    assert transitions.run_claim(run_pk=run.pk, owner="dead@host:1") is not None  # and it dies holding it
+    clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
+    transitions.executor_register(mode="embedded", owner="new@host:2")
+    with pytest.raises(CommandError, match=f"{wid} is still running after 0.2 s"):
+        call_command("show_run", wid, "--wait", "0.2", stdout=StringIO(), stderr=StringIO())
+    clock.advance(settings.RECOVERY_EXECUTOR_SILENT_SECONDS + 1)  # the new one fell silent too
+    assert run_cmd("show_run", wid, "--wait", "300").startswith(f"{wid}  running")  # rests: a person must act
 
 
 def test_show_run_wait_rejects_a_negative_wait_and_an_unknown_run():

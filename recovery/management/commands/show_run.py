@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.utils.timezone import localtime
 
-from recovery import clock, recommend
+from recovery import clock, executors, recommend
 from recovery.clock import time_of_day
 from recovery.console.selectors import run_document
 from recovery.engine.transitions import DONE_STEP_STATES, lease_is_live
@@ -108,7 +108,10 @@ def _wait_until_resting(workflow_id: str, seconds: float) -> bool:
         run = WorkflowRun.objects.filter(workflow_id=workflow_id).first()
         if run is None:
             raise CommandError(f"no run {workflow_id!r}")
-        moving = run.state in MOVING or (run.state == RunState.RUNNING and lease_is_live(run, clock.now()))
+        now = clock.now()
+        # A run whose executor died rests only while no executor is live: a live one takes it over.
+        held = run.state == RunState.RUNNING and (lease_is_live(run, now) or executors.any_live(now))
+        moving = run.state in MOVING or held
         if not moving or time.monotonic() >= deadline:
             return moving
         time.sleep(POLL_SECONDS)
