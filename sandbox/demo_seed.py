@@ -5,6 +5,7 @@ simulated tracker), and the conditions under which the seed refuses to play."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import tempfile
@@ -18,6 +19,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import CommandError
+from django.db import connections
 
 from recovery.engine import transitions
 from recovery.errors import InvalidTransition
@@ -31,8 +33,19 @@ from sandbox.models import Fault
 
 # The dropped answers cost one read timeout each; one second is plenty on one machine.
 SEED_HTTP_TIMEOUT = 1.0
+
+
 # Held while a seed plays, so that two seeds never play at once.
-LOCK = settings.BASE_DIR / "var" / "seed_demo.lock"
+def lock_path() -> Path:
+    """The seed's lock file, one per engine database: two seeds of the same database exclude each
+    other; seeds of different databases (a test worker's own, say) do not. An in-memory database
+    is its process's own."""
+    db = connections["default"].settings_dict
+    name = str(db.get("NAME"))
+    if "memory" in name:
+        name += f":{os.getpid()}"
+    key = hashlib.sha256(f"{db.get('HOST')}:{db.get('PORT')}:{name}".encode()).hexdigest()[:12]
+    return settings.BASE_DIR / "var" / f"seed_demo-{key}.lock"
 
 
 @dataclass(frozen=True)
@@ -161,10 +174,11 @@ def seed_playing() -> bool:
 
 @contextmanager
 def _one_seed_at_a_time() -> Iterator[None]:
-    """An exclusive lock on a file beside the embedded database: a second seed (a double click
+    """An exclusive lock on a file of the engine's database (``lock_path``): a second seed (a double click
     on the demo page's reset) is refused instead of playing the same scenarios twice."""
-    LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with LOCK.open("a") as handle:
+    lock = lock_path()
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
