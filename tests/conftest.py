@@ -50,29 +50,37 @@ def postgres_only():
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _flushable_audit_on_sqlite():
-    """A transactional test ends with a flush, which on SQLite is a DELETE of every row: the
-    audit table's append-only trigger refuses it (PostgreSQL's flush is a TRUNCATE, which no
-    row trigger sees). Lift that one trigger for the flush only."""
+def _flushable_audit():
+    """A transactional test ends with a flush: on SQLite a DELETE of every row, on PostgreSQL a
+    TRUNCATE; the audit table's append-only triggers refuse both. Lift that one trigger for the
+    flush only."""
     from django.db import connections
     from django.test import TransactionTestCase
 
     from recovery.engine.audit import chain as audit_chain
 
     original = TransactionTestCase._fixture_teardown
+    table = audit_chain.TABLE
+    lift = {
+        "sqlite": ("DROP TRIGGER IF EXISTS recovery_audit_no_delete", audit_chain.SQLITE_NO_DELETE),
+        "postgresql": (
+            f"ALTER TABLE {table} DISABLE TRIGGER recovery_audit_no_truncate",
+            f"ALTER TABLE {table} ENABLE TRIGGER recovery_audit_no_truncate",
+        ),
+    }
 
     def teardown(self):
-        sqlite = [connections[alias] for alias in self._databases_names(include_mirrors=False)]
-        sqlite = [c for c in sqlite if c.vendor == "sqlite" and c.alias == "default"]
-        for c in sqlite:
+        engines = [connections[alias] for alias in self._databases_names(include_mirrors=False)]
+        engines = [c for c in engines if c.alias == "default" and c.vendor in lift]
+        for c in engines:
             with c.cursor() as cursor:
-                cursor.execute("DROP TRIGGER IF EXISTS recovery_audit_no_delete")
+                cursor.execute(lift[c.vendor][0])
         try:
             original(self)
         finally:
-            for c in sqlite:
+            for c in engines:
                 with c.cursor() as cursor:
-                    cursor.execute(audit_chain.SQLITE_NO_DELETE)
+                    cursor.execute(lift[c.vendor][1])
 
     TransactionTestCase._fixture_teardown = teardown
     yield

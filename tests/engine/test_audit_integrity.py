@@ -99,6 +99,20 @@ def test_the_database_refuses_to_update_or_delete_an_event(two_runs, statement):
     assert snapshot() == before
 
 
+@pytest.mark.parametrize(
+    "statement",
+    ["TRUNCATE recovery_auditevent", "TRUNCATE recovery_workflowrun CASCADE"],
+)
+def test_the_database_refuses_to_truncate_the_trail(postgres_only, two_runs, statement):
+    # The owner's TRUNCATE emptied the trail, and verify_audit then said "intact: 0 events".
+    sql("SET CONSTRAINTS ALL IMMEDIATE")  # the test's transaction holds deferred FK checks
+    before = snapshot()
+    with pytest.raises(DatabaseError, match="append-only: TRUNCATE refused"), transaction.atomic():
+        sql(statement)
+    assert snapshot() == before
+    assert AuditEvent.objects.count() > 16
+
+
 def test_the_orm_cannot_update_or_delete_events_either(two_runs):
     before = snapshot()
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():

@@ -18,8 +18,9 @@ The database computes the hashes as it inserts the row, whoever inserts it (the 
 one-statement checkpoints, the ORM, a COPY): on PostgreSQL a ``BEFORE INSERT`` trigger in
 PL/pgSQL, on SQLite an ``AFTER INSERT`` trigger that calls ``recovery_audit_hash``, which
 ``register_sqlite_functions`` installs on each of the application's connections (another
-SQLite client cannot write audit events at all). Other triggers refuse every ``UPDATE`` and
-``DELETE`` of an event (append-only in the database, not only in the code).
+SQLite client cannot write audit events at all). Other triggers refuse every ``UPDATE``,
+``DELETE`` and (PostgreSQL) ``TRUNCATE`` of events (append-only in the database, not only in
+the code).
 
 What the chain does not show by itself: events removed from the end of a run (keep an export:
 its hashes anchor what existed), or a chain rewritten from the start by someone who can
@@ -96,6 +97,11 @@ _PG_VALUES = (
 )
 _PREVIOUS = f'SELECT "hash" FROM {TABLE} WHERE "run_id" = NEW."run_id" {{}} ORDER BY "id" DESC LIMIT 1'
 
+# A TRUNCATE is no row's UPDATE or DELETE: it needs its own statement trigger (migration 0029).
+# It fires for a TRUNCATE … CASCADE of the runs' table too.
+NO_TRUNCATE = f"""CREATE TRIGGER recovery_audit_no_truncate BEFORE TRUNCATE ON {TABLE}
+    FOR EACH STATEMENT EXECUTE FUNCTION recovery_audit_append_only()"""
+
 POSTGRESQL_INSTALL = [
     f"""
 CREATE FUNCTION recovery_audit_chain() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -119,8 +125,10 @@ END
 $$""",
     f"""CREATE TRIGGER recovery_audit_append_only BEFORE UPDATE OR DELETE ON {TABLE}
     FOR EACH STATEMENT EXECUTE FUNCTION recovery_audit_append_only()""",
+    NO_TRUNCATE,
 ]
 POSTGRESQL_UNINSTALL = [
+    f"DROP TRIGGER IF EXISTS recovery_audit_no_truncate ON {TABLE}",
     f"DROP TRIGGER IF EXISTS recovery_audit_append_only ON {TABLE}",
     "DROP FUNCTION IF EXISTS recovery_audit_append_only()",
     f"DROP TRIGGER IF EXISTS recovery_audit_chain ON {TABLE}",
