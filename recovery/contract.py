@@ -133,7 +133,7 @@ def compensation_key(workflow_id: str, step: str, key_version: int) -> str:
 
 
 def payload_hash(payload: Any) -> str:
-    """sha256 of canonical JSON. The engine hashes only redacted data (a run's input, a step's
+    """sha256 of canonical JSON. The engine hashes only redacted data (a step's
     intent): exactly what it persists and what the step is called with, so the hash still
     tells a changed request from a repeat, and no hash of a credential is ever stored."""
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)

@@ -3,6 +3,7 @@ parking it for review."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -10,8 +11,10 @@ from datetime import datetime
 from typing import Any
 
 import pydantic
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
+from django.utils.crypto import salted_hmac
 
 from recovery import clock, tracing
 from recovery.engine import dispatch, metrics, storage
@@ -108,7 +111,7 @@ def _start(
             dispatch.enqueue_run(run.pk)  # a reserved or claimed run is driven by its executor
     if steps is None:
         run = WorkflowRun.objects.get(workflow_id=event.workflow_id)
-        if run.input_hash != event.input_hash:
+        if not _same_input(run, event):
             raise _conflict(event.workflow_id)
         return run, None
     for action, who, _, after in events:
@@ -169,18 +172,24 @@ def _insert_in_transaction(
 
 @dataclass(frozen=True)
 class _Event:
-    """An event as it is persisted: validated, redacted, with its run's id and input hash."""
+    """An event as it is persisted: validated, redacted, with its run's id and input hash, and
+    every hash a repeat of it may find stored (``_same_input``)."""
 
     data: dict[str, Any]
     workflow_id: str
     input_hash: str
+    repeats: frozenset[str]
 
 
 def _event(wf: Workflow, data: Any) -> _Event:
-    # What is persisted is what is replayed: the run's input is kept redacted, and its id and
-    # hash are taken from that, so a secret is neither stored nor hashed.
-    validated = wf.redact(wf.validate_input(data))
-    workflow_id = wf.workflow_id(validated)
+    # What is persisted is what is replayed: the run's input is kept redacted. Its id comes from
+    # the event as sent, and an event whose id redaction would change is refused (its run would
+    # be named, and its steps called, with the redacted value: two distinct events would merge).
+    # The input hash is a keyed HMAC of the event as sent, so events that differ only in what
+    # redaction hides are told apart, and no plain hash of a credential is ever stored.
+    raw = wf.validate_input(data)
+    validated = wf.redact(raw)
+    workflow_id = wf.workflow_id(raw)
     limit = WorkflowRun._meta.get_field("workflow_id").max_length
     if not isinstance(workflow_id, str) or not 0 < len(workflow_id) <= limit:
         length = len(workflow_id) if isinstance(workflow_id, str) else 0
@@ -188,7 +197,34 @@ def _event(wf: Workflow, data: Any) -> _Event:
             f"the workflow id must be 1 to {limit} characters (the event's keys make it); this one has "
             f"{length:,} (at most {limit})"
         )
-    return _Event(validated, workflow_id, payload_hash(validated))
+    redacted_id = wf.redact(workflow_id)
+    if redacted_id != workflow_id or wf.workflow_id(validated) != workflow_id:
+        raise ValueError(
+            f"its identifiers look like a credential: its run would be named {redacted_id!r} and its steps "
+            "would get the redacted values, so distinct events would merge into one run. If identifiers of "
+            "this shape are no credentials here, take their pattern out of RECOVERY_REDACT_PATTERNS "
+            "(docs/security.md)"
+        )
+    hashes = input_hashes(raw)
+    return _Event(validated, workflow_id, hashes[0], frozenset([*hashes, payload_hash(validated)]))
+
+
+def input_hashes(raw: Any) -> list[str]:
+    """The keyed hashes of a run's input as sent: under SECRET_KEY first (the one stored), then
+    under each of SECRET_KEY_FALLBACKS, so a repeat still finds its run while a rotated key is
+    kept as a fallback."""
+    canonical = json.dumps(raw, sort_keys=True, separators=(",", ":"), default=str)
+    keys = [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
+    return [salted_hmac(_INPUT_SALT, canonical, secret=key, algorithm="sha256").hexdigest() for key in keys]
+
+
+_INPUT_SALT = "recovery.run-input"
+
+
+def _same_input(run: WorkflowRun, event: _Event) -> bool:
+    """Whether ``event`` repeats the one that started ``run``. A run started before inputs were
+    hashed by key holds the plain hash of its redacted input: it is compared by that."""
+    return run.input_hash in event.repeats
 
 
 def _new_run(wf: Workflow, event: _Event, now: datetime, reserve: tuple[str, datetime] | None) -> WorkflowRun:
@@ -284,7 +320,7 @@ def run_start_many(
             results.append(event)
             continue
         run = runs[event.workflow_id]
-        if run.input_hash != event.input_hash:
+        if not _same_input(run, event):
             results.append(
                 Started(index, "conflict", workflow_id=run.workflow_id, error=str(_conflict(run.workflow_id)))
             )
