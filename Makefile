@@ -25,6 +25,8 @@ migrate: install
 # both. Their metrics (served at /metrics when RECOVERY_METRICS_TOKEN is set) are added up in
 # var/prometheus.
 run: export PROMETHEUS_MULTIPROC_DIR ?= $(CURDIR)/var/prometheus
+# The /demo page and seed_demo are off unless RECOVERY_DEMO is set (docs/security.md): make run sets it.
+run: export RECOVERY_DEMO ?= 1
 run: migrate
 	mkdir -p "$(PROMETHEUS_MULTIPROC_DIR)" && rm -f "$(PROMETHEUS_MULTIPROC_DIR)"/*.db
 	$(PY) manage.py seed_demo

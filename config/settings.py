@@ -225,6 +225,12 @@ MAILERS = {
 }
 DEFAULT_FROM_EMAIL = env("DJANGO_DEFAULT_FROM_EMAIL", "recovery-console@localhost")
 
+# The demo (docs/security.md "The demo in production"): the /demo page (arm faults, clear the
+# simulated systems, start runs, reseed) and seed_demo. Off unless RECOVERY_DEMO=1 (make run
+# sets it): when off, /demo answers 404 and the console links no demo.
+RECOVERY_DEMO = env_bool("RECOVERY_DEMO", False)
+TEMPLATES[0]["OPTIONS"]["context_processors"].append("sandbox.context.demo")
+
 # Traces (OpenTelemetry; pip install -e '.[otel]'): off unless RECOVERY_TRACING=1.
 RECOVERY_TRACING = env_bool("RECOVERY_TRACING", False)
 RECOVERY_TRACING_SERVICE = env("OTEL_SERVICE_NAME", "recovery-console")

@@ -38,5 +38,7 @@ for config in DATABASES.values():
     if config["ENGINE"] == "django.db.backends.postgresql":
         config["TEST"] = {"NAME": f"test_{config['NAME']}_{os.getpid()}"}
 RECOVERY_HTTP_TIMEOUT = 1.0
+# The demo (/demo, seed_demo) is on in the tests, as under make run; tests of it being off turn it off.
+RECOVERY_DEMO = True
 # /metrics is on in the tests (a scraper presents this token); tests of it being off unset it.
 RECOVERY_METRICS_TOKEN = "test-metrics-token-0123456789"

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from recovery.console.views import permission_required, require_methods
@@ -22,6 +24,20 @@ from sandbox.models import FAULTABLE, Fault, FaultMode
 RESET_LOG = settings.BASE_DIR / "var" / "seed_demo.log"
 
 
+def demo_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """404 for everybody, whatever the method, unless the demo is on (``RECOVERY_DEMO``): read
+    on every request, so that a deployment without it has no demo to find, signed in or not."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not settings.RECOVERY_DEMO:
+            raise Http404("the demo is off (RECOVERY_DEMO)")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@demo_only
 @require_methods("GET", "HEAD", "POST")
 @permission_required("sandbox")
 def demo(request: HttpRequest) -> HttpResponse:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from django.conf import settings
 from django.core.management.base import CommandError
 
 from recovery.management.base import RecoveryCommand
@@ -49,7 +50,8 @@ class Command(RecoveryCommand):
         "Idempotent: demo runs that exist are left as they are, so running it again creates nothing. "
         "--reset plays them again as new runs (ids ending in -r2, -r3 …) after terminating the unfinished ones "
         "of the previous play and closing their open approval tasks in the simulated tracker (done); nothing is "
-        "deleted. Running executors leave the demo runs alone while it plays."
+        "deleted. Running executors leave the demo runs alone while it plays. "
+        "Refused unless the demo is on (RECOVERY_DEMO=1, as make run sets it) or --allow-outside-demo is given."
     )
 
     def add_arguments(self, parser):
@@ -71,8 +73,19 @@ class Command(RecoveryCommand):
             metavar="USERNAME",
             help="the supervisor whose name the demo's operator actions carry (default: the first supervisor)",
         )
+        parser.add_argument(
+            "--allow-outside-demo",
+            action="store_true",
+            help="seed although RECOVERY_DEMO is off: demo runs in a database you mean to fill with them "
+            "(a staging copy), never by accident in production's",
+        )
 
-    def handle(self, *args, sandbox_url, reset, username, **options):
+    def handle(self, *args, sandbox_url, reset, username, allow_outside_demo, **options):
+        if not settings.RECOVERY_DEMO and not allow_outside_demo:
+            raise CommandError(
+                "seed_demo: the demo is off (RECOVERY_DEMO is not set): set RECOVERY_DEMO=1 where you run the demo, "
+                "or pass --allow-outside-demo to seed this database on purpose"
+            )
         try:
             seeded = seed_demo(sandbox_url=sandbox_url, warn=self.stderr.write, reset=reset, username=username)
         except LookupError as exc:
