@@ -199,14 +199,18 @@ def test_approval_commands_request_list_and_approve_with_two_supervisors(clock):
     listed = run_cmd("approval", "list").split("\t")
     assert listed[:4] == [request_id, "terminate", wid, "alice"] and listed[-1] == "duplicate"
     with pytest.raises(CommandError, match="cannot approve your own request"):
-        run_cmd("approval", "approve", request_id, "--as", "alice")
+        run_cmd("approval", "approve", request_id, "--reason", "ok", "--as", "alice")
     with pytest.raises(CommandError, match="otto's role may not approve runs"):
-        run_cmd("approval", "approve", request_id, "--as", "otto")
+        run_cmd("approval", "approve", request_id, "--reason", "ok", "--as", "otto")
     with pytest.raises(CommandError, match="no approval request 'nope'"):
-        run_cmd("approval", "approve", "nope", "--as", "bob")
+        run_cmd("approval", "approve", "nope", "--reason", "ok", "--as", "bob")
+    with pytest.raises(CommandError, match="--reason"):  # an approval gives its reason, as every action does
+        run_cmd("approval", "approve", request_id, "--as", "bob")
+    with pytest.raises(CommandError, match="a reason is required"):
+        run_cmd("approval", "approve", request_id, "--reason", " ", "--as", "bob")
     assert WorkflowRun.objects.get().state == RunState.FAILED
 
-    approved = run_cmd("approval", "approve", request_id, "--as", "bob")
+    approved = run_cmd("approval", "approve", request_id, "--reason", "duplicate of INV-7", "--as", "bob")
     assert approved == f"approved {request_id}: {wid} is now terminated"
     assert run_cmd("approval", "list") == ""
     actions = list(AuditEvent.objects.order_by("id").values_list("action", "actor"))[-3:]

@@ -2,12 +2,17 @@ import io
 import os
 import sys
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+
+from recovery.text import printable
 
 
 class RecoveryCommand(BaseCommand):
     """A command whose bad arguments print one line on stderr (no usage block) and exit 2, and
-    whose reader may stop reading early (``show_run … | head``): no traceback, the usual exit."""
+    whose reader may stop reading early (``show_run … | head``): no traceback, the usual exit.
+
+    Its one-line errors are printed with every control character shown as an escape (they often
+    quote a run's stored text: recovery.text)."""
 
     def create_parser(self, prog_name, subcommand, **kwargs):
         parser = super().create_parser(prog_name, subcommand, **kwargs)
@@ -25,3 +30,8 @@ class RecoveryCommand(BaseCommand):
             except (OSError, ValueError, io.UnsupportedOperation):
                 pass  # not a file descriptor (a test's captured stdout): nothing is flushed at exit
             sys.exit(141)  # 128 + SIGPIPE, as a shell reports a reader that stopped early
+        except CommandError as exc:
+            message = printable(str(exc))
+            if type(exc) is not CommandError or message == str(exc):  # a SystemCheckError formats itself
+                raise
+            raise CommandError(message, returncode=exc.returncode) from None

@@ -205,7 +205,7 @@ def test_a_four_eyes_request_keeps_the_checked_evidence_and_the_grant_records_it
         reason="seen in the messenger",
     )
     assert request.remote_ref == ref and request.options == {"evidence": checked}
-    transitions.approval_grant(request_id=request.pk, actor=alice)
+    transitions.approval_grant(request_id=request.pk, actor=alice, reason="checked")
     notify = StepExecution.objects.get(run=run, step_name="notify")
     assert (notify.state, notify.result) == (StepState.SUCCEEDED, checked["result"])
     monkeypatch.undo()

@@ -103,10 +103,10 @@ def test_terminate_waits_for_another_supervisor_then_runs_with_both_names_in_the
     assert trail(run)[-1] == ("approval_request", "alice", "customer cancelled")
 
     with pytest.raises(InvalidTransition, match="cannot approve your own request"):
-        approval_grant(request_id=request.pk, actor=alice)
+        approval_grant(request_id=request.pk, actor=alice, reason="looks right")
     for someone in (people["olga"], people["vera"]):
         with pytest.raises(InvalidTransition, match="only a supervisor can approve"):
-            approval_grant(request_id=request.pk, actor=someone)
+            approval_grant(request_id=request.pk, actor=someone, reason="looks right")
     request.refresh_from_db()
     assert request.state == ApprovalState.PENDING and len(trail(run)) == before[3] + 1
 
@@ -125,7 +125,7 @@ def test_terminate_waits_for_another_supervisor_then_runs_with_both_names_in_the
     assert grant.after["approval"] == {"id": request.pk, "action": "terminate", "state": "approved",
                                        "requested_by": "alice"}  # fmt: skip
     with pytest.raises(InvalidTransition, match="already approved"):
-        approval_grant(request_id=request.pk, actor=people["bob"])
+        approval_grant(request_id=request.pk, actor=people["bob"], reason="looks right")
     assert audit_chain.verify(audit_chain.stored_chains()).first is None
 
 
@@ -177,7 +177,7 @@ def test_a_rejected_request_changes_nothing_and_cannot_be_approved_later(clock, 
     assert (state, updated, steps, effects) == (before[0], before[1], before[2], before[4])
     assert events == before[3] + 1 and trail(run)[-1] == ("approval_reject", "bob", "not without the customer's letter")
     with pytest.raises(InvalidTransition, match="already rejected"):
-        approval_grant(request_id=request.pk, actor=people["bob"])
+        approval_grant(request_id=request.pk, actor=people["bob"], reason="looks right")
     assert WorkflowRun.objects.get(pk=run.pk).state == RunState.FAILED
 
 
@@ -190,7 +190,7 @@ def test_compensation_after_approval_undoes_every_completed_effect(clock, people
     request = approval_request(workflow_id=run.workflow_id, action="compensate", actor=people["alice"], reason="undo")
     assert not any(s == StepState.COMPENSATING for s in run.steps.values_list("state", flat=True))
 
-    approval_grant(request_id=request.pk, actor=people["bob"])
+    approval_grant(request_id=request.pk, actor=people["bob"], reason="looks right")
     run = drive(run, clock)
 
     assert run.state == RunState.COMPENSATED
@@ -213,7 +213,7 @@ def test_mark_succeeded_needs_approval_but_it_did_not_happen_does_not(clock, mon
         step_resolve(**common, actor=people["olga"], happened=True, evidence=checked)
     request = approval_request(**common, action="resolve_happened", evidence=checked, actor=people["olga"])
 
-    approval_grant(request_id=request.pk, actor=people["alice"])
+    approval_grant(request_id=request.pk, actor=people["alice"], reason="looks right")
 
     step.refresh_from_db()
     assert (step.state, step.remote_ref) == (StepState.SUCCEEDED, ref)

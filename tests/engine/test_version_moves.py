@@ -156,7 +156,7 @@ def test_a_move_where_the_workflow_asks_for_four_eyes_needs_a_second_supervisor(
     )
     assert request.options == {"version": 2, "effects_stand": False}
     assert WorkflowRun.objects.get(pk=run.pk).workflow_version == 1
-    transitions.approval_grant(request_id=request.pk, actor=person("vera", "supervisor"))
+    transitions.approval_grant(request_id=request.pk, actor=person("vera", "supervisor"), reason="checked")
     run.refresh_from_db()
     assert run.workflow_version == 2 and moves(run) == 1
     assert drive(run, clock).state == RunState.COMPLETED and receivers.counts() == ONE_EACH

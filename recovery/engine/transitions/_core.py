@@ -17,7 +17,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
 
-from recovery import clock, redaction
+from recovery import clock, redaction, text
 from recovery.engine import observed, storage
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, StepError
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
@@ -525,16 +525,23 @@ def _locked_run_by_id(workflow_id: str, expect: str | None = None) -> WorkflowRu
 
 
 def require_reason(reason: str, *, max_length: int = 2000) -> str:
-    """The reason an operator gives, stripped: required, at most ``max_length`` characters
-    (a reason, not a document: it is shown in the console and in every export), and no NUL
-    character (PostgreSQL cannot store one)."""
-    reason = (reason or "").strip()
+    """The reason an operator gives, stripped, its line breaks as LF (a textarea sends CRLF):
+    required, at most ``max_length`` characters (a reason, not a document: it is shown in the
+    console and in every export), no NUL character (PostgreSQL cannot store one) and no other
+    control character but TAB and LF (ESC and its kin repaint the terminal of whoever reads
+    it: recovery.text)."""
+    reason = text.normalize_newlines(reason or "").strip()
     if not reason:
         raise InvalidTransition("a reason is required")
     if len(reason) > max_length:
         raise InvalidTransition(f"the reason is {len(reason):,} characters long; at most {max_length:,} are allowed")
     if "\x00" in reason:
         raise InvalidTransition("the reason contains a NUL character (U+0000)")
+    refused = text.control_character(reason)
+    if refused is not None:
+        raise InvalidTransition(
+            f"the reason contains a control character ({text.codepoint(refused)}); write it as plain text"
+        )
     return reason
 
 

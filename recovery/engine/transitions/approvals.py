@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
-from recovery import clock, permissions
+from recovery import clock, permissions, text
 from recovery.actions import ACTIONS
 from recovery.errors import InvalidTransition, RunChanged
 from recovery.models import ApprovalRequest, ApprovalState, WorkflowRun
@@ -148,16 +148,17 @@ def approval_grant(
     *,
     request_id: int | str,
     actor: AbstractBaseUser,
-    reason: str = "",
+    reason: str,
     expect: str | None = None,
     now: datetime | None = None,
 ) -> WorkflowRun:
-    """A second supervisor approves: the approval is audited, then the action runs, in one
-    transaction (if the action is no longer valid, neither happens and the request waits).
-    Nobody approves their own request."""
+    """A second supervisor approves, with a reason like every operator action: the approval is
+    audited, then the action runs, in one transaction (if the action is no longer valid,
+    neither happens and the request waits). Nobody approves their own request."""
     now = now or clock.now()
     if actor is None or not permissions.can(actor, "approve"):
         raise InvalidTransition("only a supervisor can approve")
+    reason = require_reason(reason)
     with transaction.atomic():
         run, request = _locked_request(request_id)
         if request.requested_by_id == actor.pk:
@@ -170,8 +171,19 @@ def approval_grant(
             run, request, "approval_grant", actor=actor, reason=request.decision_reason, now=now, requested_by=requester
         )
         who = f"requested by {requester}, approved by {actor.get_username()}"
-        why = f"{request.reason} ({who})"
-        return _perform(request, actor=actor, reason=why, expect=None, now=now)
+        return _perform(request, actor=actor, reason=_performed_reason(request.reason, who), expect=None, now=now)
+
+
+def _performed_reason(requested: str, who: str, *, max_length: int = 2000) -> str:
+    """The reason the approved action runs with: the request's, then who asked and who
+    approved, within a reason's bounds even for a request stored before they were checked
+    (control characters shown as escapes, the request's words cut to fit)."""
+    suffix = f" ({who})"
+    requested = text.printable(requested, multiline=True)
+    room = max_length - len(suffix)
+    if len(requested) > room:
+        requested = requested[: room - 1] + "…"
+    return requested + suffix
 
 
 def approval_reject(
@@ -196,7 +208,7 @@ def approval_decide(
     request_id: int | str | None,
     workflow_id: str,
     actor: AbstractBaseUser,
-    reason: str = "",
+    reason: str,
     expect: str | None = None,
     now: datetime | None = None,
 ) -> ApprovalRequest:
@@ -220,7 +232,7 @@ def _decide(request: ApprovalRequest, state: ApprovalState, *, actor: AbstractBa
     request.state = state
     request.decided_by = actor
     request.decided_at = now
-    request.decision_reason = redact_text((reason or "").strip())
+    request.decision_reason = redact_text(reason)  # require_reason's: stripped, checked
     request.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
 
 

@@ -7,6 +7,7 @@ from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.models import ApprovalRequest, ApprovalState, WorkflowRun
 from recovery.permissions import can
+from recovery.text import printable
 
 
 class Command(RecoveryCommand):
@@ -32,7 +33,7 @@ class Command(RecoveryCommand):
         for verb in ("approve", "reject"):
             decide = verbs.add_parser(verb, help=f"{verb} a pending request (a supervisor)")
             decide.add_argument("request_id")
-            decide.add_argument("--reason", required=verb == "reject", default="")
+            decide.add_argument("--reason", required=True)
             decide.add_argument("--as", dest="username", required=True)
 
     def handle(self, *args, verb, **options):
@@ -45,8 +46,8 @@ class Command(RecoveryCommand):
         if not can(user, permission):
             raise CommandError(f"{user.get_username()}'s role may not {permission} runs")
         try:
+            transitions.require_reason(options["reason"])  # before the receiver is asked for the evidence
             if verb == "request":
-                transitions.require_reason(options["reason"])
                 checked = evidence.examine(
                     options["action"],
                     workflow_id=options["workflow_id"],
@@ -80,8 +81,14 @@ class Command(RecoveryCommand):
         if run is not None:
             pending = pending.filter(run__workflow_id=run)
         for request in pending.order_by("requested_at", "pk"):
-            step = f" {request.step_name}" if request.step_name else ""
-            self.stdout.write(
-                f"{request.pk}\t{request.action}{step}\t{request.run.workflow_id}\t"
-                f"{request.requested_by.get_username()}\t{request.requested_at.isoformat()}\t{request.reason}"
-            )
+            # One line per request, tab-separated: its stored text with every control character
+            # (line breaks and tabs too) shown as an escape.
+            fields = [
+                request.pk,
+                request.action + (f" {request.step_name}" if request.step_name else ""),
+                request.run.workflow_id,
+                request.requested_by.get_username(),
+                request.requested_at.isoformat(),
+                request.reason,
+            ]
+            self.stdout.write("\t".join(printable(f).replace("\t", "\\t") for f in fields))

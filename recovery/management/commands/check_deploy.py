@@ -9,6 +9,7 @@ from recovery.errors import InvalidTransition
 from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
 from recovery.permissions import can
+from recovery.text import printable
 
 
 class Command(RecoveryCommand):
@@ -75,11 +76,13 @@ class Command(RecoveryCommand):
             if plan is None or not plan.ok:
                 refused += 1
                 why = plan.refusal if plan is not None else f"this code has no {run.workflow_name} workflow"
-                self.stdout.write(f"refused {run.workflow_id}: {why}")
+                self.stdout.write(printable(f"refused {run.workflow_id}: {why}"))
                 continue
             if dry_run:
                 moved += 1
-                self.stdout.write(f"would move {run.workflow_id} v{plan.source} -> v{plan.target}: {plan.summary()}")
+                self.stdout.write(
+                    printable(f"would move {run.workflow_id} v{plan.source} -> v{plan.target}: {plan.summary()}")
+                )
                 continue
             try:
                 transitions.perform(
@@ -87,10 +90,10 @@ class Command(RecoveryCommand):
                 )
             except (InvalidTransition, WorkflowRun.DoesNotExist) as exc:
                 refused += 1
-                self.stdout.write(f"refused {run.workflow_id}: {exc}")
+                self.stdout.write(printable(f"refused {run.workflow_id}: {exc}"))
                 continue
             moved += 1
-            self.stdout.write(f"moved {run.workflow_id} v{plan.source} -> v{plan.target}")
+            self.stdout.write(printable(f"moved {run.workflow_id} v{plan.source} -> v{plan.target}"))
         verb = "would move" if dry_run else "moved"
         summary = f"{verb} {moved} run(s); {refused} cannot move"
         if refused:

@@ -12,6 +12,7 @@ from recovery.console.selectors import run_document
 from recovery.engine.transitions import DONE_STEP_STATES, lease_is_live
 from recovery.management.base import RecoveryCommand
 from recovery.models import RunState, WorkflowRun
+from recovery.text import printable
 
 # States an executor moves on by itself; a run in one of them is still on its way.
 MOVING = frozenset({RunState.PENDING, RunState.WAITING, RunState.COMPENSATING})
@@ -54,40 +55,46 @@ class Command(RecoveryCommand):
         if json:
             self.stdout.write(_dumps(doc))
             return
+        # Stored text (reasons, actors, errors, ids: people's and other systems' words) is printed
+        # through printable: a control character shows as an escape, the terminal never acts on it.
+        p = printable
         write = self.stdout.write
-        write(f"{doc['workflow_id']}  {doc['state']}  {doc['status_reason']}")
-        write(f"  why: {doc['why']}")
-        write(f"  page: {settings.RECOVERY_CONSOLE_URL}/runs/{doc['workflow_id']}")
+        wid = p(doc["workflow_id"])
+        write(f"{wid}  {doc['state']}  {p(doc['status_reason'])}")
+        write(f"  why: {p(doc['why'])}")
+        write(f"  page: {settings.RECOVERY_CONSOLE_URL}/runs/{wid}")
         for s in doc["steps"]:
             # A step that got past its error keeps it as history, not as its state.
             earlier = "earlier: " if s["state"] in DONE_STEP_STATES else ""
             # An error of many lines (a validation error: one problem a line) is printed whole.
-            first, *more = (s["last_error"] or "").split("\n")
+            first, *more = p(s["last_error"] or "", multiline=True).split("\n")
             err = f"  {earlier}[{s['last_error_kind']}] {first}" if s["last_error_kind"] else ""
-            write(f"  {s['name']:<28} {s['state']:<12} attempts={s['attempts']} ref={s['remote_ref'] or '-'}{err}")
+            ref = p(s["remote_ref"] or "-")
+            write(f"  {p(s['name']):<28} {s['state']:<12} attempts={s['attempts']} ref={ref}{err}")
             if s["last_error_kind"]:
                 for line in more:
                     write(f"      {line}")
-            write(f"    key {s['idempotency_key']}")
+            write(f"    key {p(s['idempotency_key'])}")
             if s["refusal"]:
-                values = ", ".join(f"{k}={v}" for k, v in sorted(s["refusal"]["values"].items()))
-                write(f"    refused by {s['refusal']['rule']}: {values or s['refusal']['message']}")
+                values = ", ".join(f"{p(k)}={p(v)}" for k, v in sorted(s["refusal"]["values"].items()))
+                write(f"    refused by {p(s['refusal']['rule'])}: {values or p(s['refusal']['message'])}")
             for o in s["overrides"]:
-                write(f"    {o['rule']} overridden by {o['by']} at {o['at']}: {o['reason']}")
+                write(f"    {p(o['rule'])} overridden by {p(o['by'])} at {o['at']}: {p(o['reason'])}")
         write(f"  audit trail ({len(doc['audit'])} events, oldest first):")
         for e in doc["audit"]:
-            step = f" {e['step']}" if e["step"] else ""
-            reason = f": {e['reason']}" if e["reason"] else ""
-            write(f"    {_when(e['at'])}  {e['actor']:<14} {e['action']}{step}{reason}".replace("\n", "\n      "))
+            step = f" {p(e['step'])}" if e["step"] else ""
+            reason = f": {p(e['reason'], multiline=True)}" if e["reason"] else ""
+            line = f"    {_when(e['at'])}  {p(e['actor']):<14} {e['action']}{step}{reason}"
+            write(line.replace("\n", "\n      "))
 
 
 def _recommended(write, workflow_id: str) -> None:
     """The console's recommended action for a stuck run (recovery.recommend), with its command line."""
     advice = recommend.for_run(WorkflowRun.objects.get(workflow_id=workflow_id), clock.now())
     if advice is not None:
-        write(f"  recommended: {recommend.said(advice)}")
+        write(f"  recommended: {printable(recommend.said(advice))}")
         if advice.command:
-            write(f"    {advice.command}")
+            write(f"    {printable(advice.command)}")
 
 
 def _when(iso: str) -> str:

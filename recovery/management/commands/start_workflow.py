@@ -7,6 +7,7 @@ from django.core.management.base import CommandError
 from recovery.engine.transitions import run_start, run_start_many
 from recovery.errors import StartConflict
 from recovery.management.base import RecoveryCommand
+from recovery.text import printable
 from recovery.workflow import get_workflow
 
 
@@ -47,7 +48,7 @@ class Command(RecoveryCommand):
             raise CommandError(f"--input is not valid JSON: {exc}") from None
         except (ValueError, KeyError, StartConflict) as exc:
             raise CommandError(" ".join(str(exc).split())) from None
-        self.stdout.write(run.workflow_id)
+        self.stdout.write(printable(run.workflow_id))
 
     def _many(self, workflow, path: str, batch: int) -> None:
         """One line out per line in: ``created|existing WORKFLOW_ID``, or ``conflict|invalid line N:
@@ -75,13 +76,13 @@ class Command(RecoveryCommand):
                     total += 1
                     if n in unreadable:
                         refused += 1
-                        self.stdout.write(f"invalid line {n}: {unreadable[n]}")
+                        self.stdout.write(printable(f"invalid line {n}: {unreadable[n]}"))
                         continue
                     result = next(answers)
                     if result.outcome in ("created", "existing"):
-                        self.stdout.write(f"{result.outcome} {result.workflow_id}")
+                        self.stdout.write(printable(f"{result.outcome} {result.workflow_id}"))
                     else:
                         refused += 1
-                        self.stdout.write(f"{result.outcome} line {n}: {' '.join(result.error.split())}")
+                        self.stdout.write(printable(f"{result.outcome} line {n}: {' '.join(result.error.split())}"))
         if refused:
             raise CommandError(f"{refused} of {total} events refused (see the lines above); the others were started")
