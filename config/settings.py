@@ -317,6 +317,11 @@ LOGGING = {
     "loggers": {
         "recovery": {"handlers": ["console"], "level": env("RECOVERY_LOG_LEVEL", "INFO")},
         "workflows": {"handlers": ["console"], "level": env("RECOVERY_LOG_LEVEL", "INFO")},
+        # Every unhandled exception of a request (a 500) with its traceback, redacted, whatever
+        # DJANGO_DEBUG says (Django's own handler for it prints only in DEBUG); and runserver's
+        # request lines. A crashed command logs through "recovery" (recovery.management.base).
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
+        "django.server": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }
 

@@ -9,12 +9,12 @@ can all read it.
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from recovery import jsoninput
 from recovery.errors import InvalidTransition
 from recovery.registry import version_number
 
@@ -318,12 +318,15 @@ def parse_decision(text: str | None) -> dict[str, Any]:
 
 
 def parse_object(text: str, what: str) -> dict[str, Any]:
-    """``what`` (a decision, a step's result) as a person typed it: a JSON object, or
+    """``what`` (a decision, a step's result) as a person typed it: a JSON object within the
+    bounds of an event on the API (recovery.jsoninput: size, depth, finite numbers, no NUL), or
     InvalidTransition saying what is wrong with it."""
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise InvalidTransition(f"{what} is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise InvalidTransition(f"{what} must be a JSON object")
+        jsoninput.check_size(text, what=what)
+        value = jsoninput.loads(text, what=what)
+        if not isinstance(value, dict):
+            raise InvalidTransition(f"{what} must be a JSON object")
+        jsoninput.check_storable(value, what=what)
+    except jsoninput.Refused as exc:
+        raise InvalidTransition(str(exc)) from None
     return value

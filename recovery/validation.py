@@ -141,7 +141,7 @@ def skeleton(schema: type[pydantic.BaseModel], proposal: str | None) -> dict[str
     example = example_of(schema)
     try:
         given = json.loads(proposal) if proposal else None
-    except ValueError:
+    except (ValueError, RecursionError):  # a model's output nested too deep to parse is no start either
         given = None
     if not isinstance(given, dict):
         return example

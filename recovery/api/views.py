@@ -29,9 +29,7 @@ over 256 KiB, 409 the same workflow id with a different input, 405 any method bu
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from typing import Any
 
 import pydantic
@@ -39,6 +37,7 @@ from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from recovery import jsoninput
 from recovery.api import tokens
 from recovery.engine.transitions import run_start, run_start_many
 from recovery.errors import StartConflict
@@ -48,9 +47,9 @@ from recovery.workflow import Workflow, get_workflow
 
 log = logging.getLogger("recovery.api")
 
-MAX_BODY_BYTES = 256 * 1024
+MAX_BODY_BYTES = jsoninput.MAX_BYTES
 RETRY_AFTER_SECONDS = 5  # what a 503 asks of the sender while the database is out of reach
-MAX_DEPTH = 32  # objects and arrays inside one another: an event, not a stress test for the encoders
+MAX_DEPTH = jsoninput.MAX_DEPTH  # objects and arrays inside one another (recovery.jsoninput)
 MAX_BATCH = 1000  # events in one request (an array): started together, answered one by one
 
 
@@ -148,60 +147,19 @@ def _json_body(request: HttpRequest) -> dict[str, Any] | list[Any]:
     if declared > MAX_BODY_BYTES or len(request.body) > MAX_BODY_BYTES:
         raise ApiError(413, f"the event is larger than {MAX_BODY_BYTES // 1024} KiB")
     try:
-        data = json.loads(request.body, parse_constant=_refuse_constant, parse_float=_finite_float)
-    except ValueError as exc:
-        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
+        data = jsoninput.loads(request.body, what="the body")
+    except jsoninput.Refused as exc:
+        raise ApiError(400, str(exc)) from None
     if isinstance(data, list):
         if not 1 <= len(data) <= MAX_BATCH:
             raise ApiError(400, f"a batch is an array of 1 to {MAX_BATCH} events; this one has {len(data)}")
     elif not isinstance(data, dict):
         raise ApiError(400, "the event must be a JSON object (or a batch: an array of them)")
-    _check_storable(data)
-    return data
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400 parses as infinity, which no JSON column stores
-        raise ValueError(f"the number {text[:40]} is out of range")
-    return value
-
-
-def _check_storable(data: Any) -> None:
-    """Refuse, with the path of the value, what parses as JSON but cannot be stored or shown:
-    nesting deeper than MAX_DEPTH, and text (keys too) with a NUL character (PostgreSQL refuses
-    U+0000) or a lone surrogate such as ``"\\ud800"`` (not encodable as UTF-8)."""
-    stack: list[tuple[Any, str, int]] = [(data, "", 1)]
-    while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ApiError(400, f"the event is nested deeper than {MAX_DEPTH} levels (at {path[:200] or 'the top'})")
-        if isinstance(value, dict):
-            for key, item in value.items():
-                _check_text(key, f"{path}.{key}" if path else key, what="key")
-                stack.append((item, f"{path}.{key}" if path else key, depth + 1))
-        elif isinstance(value, list):
-            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
-        elif isinstance(value, str):
-            _check_text(value, path, what="value")
-
-
-def _check_text(text: str, path: str, *, what: str) -> None:
-    where = path[:200] or "the top"  # JSON escapes the rest
-    if "\x00" in text:
-        raise ApiError(400, f"the {what} at {where} contains a NUL character (U+0000)", fields={where: "NUL character"})
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(
-            400, f"the {what} at {where} contains a lone surrogate (not UTF-8)", fields={where: "lone surrogate"}
-        ) from None
+        jsoninput.check_storable(data, what="the event")
+    except jsoninput.Refused as exc:
+        raise ApiError(400, str(exc), fields=exc.fields) from None
+    return data
 
 
 def _start(workflow: Workflow, data: dict[str, Any], *, actor: str) -> tuple[WorkflowRun, bool]:

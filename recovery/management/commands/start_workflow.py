@@ -1,9 +1,9 @@
-import json
 import sys
 from itertools import islice
 
 from django.core.management.base import CommandError
 
+from recovery import jsoninput
 from recovery.engine.transitions import run_start, run_start_many
 from recovery.errors import StartConflict
 from recovery.management.base import RecoveryCommand
@@ -43,9 +43,12 @@ class Command(RecoveryCommand):
             self._many(workflow, input_file, batch)
             return
         try:
-            run, _ = run_start(workflow=workflow, data=json.loads(input))
-        except json.JSONDecodeError as exc:
-            raise CommandError(f"--input is not valid JSON: {exc}") from None
+            data = jsoninput.loads(input, what="--input")
+            jsoninput.check_storable(data, what="--input")  # the bounds of an event on the API
+        except jsoninput.Refused as exc:
+            raise CommandError(str(exc)) from None
+        try:
+            run, _ = run_start(workflow=workflow, data=data)
         except (ValueError, KeyError, StartConflict) as exc:
             raise CommandError(" ".join(str(exc).split())) from None
         self.stdout.write(printable(run.workflow_id))
@@ -66,9 +69,11 @@ class Command(RecoveryCommand):
                 events, unreadable = [], {}
                 for n, line in chunk:
                     try:
-                        events.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        unreadable[n] = f"not valid JSON: {exc}"
+                        event = jsoninput.loads(line, what="the line")
+                        jsoninput.check_storable(event, what="the event")
+                        events.append(event)
+                    except jsoninput.Refused as exc:
+                        unreadable[n] = str(exc).removeprefix("the line is ")
                         events.append(None)
                 results = run_start_many(workflow=workflow, events=[e for e in events if e is not None])
                 answers = iter(results)
