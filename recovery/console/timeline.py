@@ -40,6 +40,7 @@ TIMELINE_ACTIONS = {
     "compensation_succeed": "compensate",
     "compensation_retry": "fail",
     "compensation_fail": "fail",
+    "compensation_refused": "fail",  # not sent: not the run's own object
 }
 # An attempt starts with one of these; the next event of its step is its outcome.
 ATTEMPT_STARTS = frozenset({"step_begin", "compensation_begin"})

@@ -39,6 +39,8 @@ def compensate_once(lease: Lease, plan: Plan) -> bool:
             return False
         if remote_ref == "":
             return True
+    if not _confirmed_own(lease, plan, spec, step, remote_ref):
+        return False
     ctx = StepContext(
         workflow_id=plan.run.workflow_id,
         input=plan.run.input,
@@ -53,6 +55,28 @@ def compensate_once(lease: Lease, plan: Plan) -> bool:
         transitions.compensation_succeed(lease=lease, step_name=step.step_name, outcome=as_outcome(raw))
         return True
     transitions.compensation_fail(lease=lease, step_name=step.step_name, error=error, spec=spec)
+    return False
+
+
+def _confirmed_own(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution, remote_ref: str) -> bool:
+    """Whether the compensation may act on ``remote_ref``: the step's own look-up by the
+    receiver's id (``@lookup_ref``, asked with the step's context: its key, the run's reference)
+    confirms that the object is this run's. A step's record may name another request's object
+    (evidence recorded before it was checked, a row written by hand): reversing it would undo
+    another tenant's effect while this run's stands. Asked before every request, outside any
+    transaction; otherwise nothing is sent and ``compensation_unconfirmed`` records why. A step
+    without ``@lookup_ref`` has nothing to confirm with: its compensation acts on the record."""
+    fn = spec.lookup_ref_fn
+    if fn is None:
+        return True
+    found, error = None, None  # a step that recorded no remote id: nothing this run's to act on
+    if remote_ref:
+        found, error = invoke(lambda ctx: fn(ctx, remote_ref), plan.context(step), lease=lease)
+    if error is None and found is not None:
+        return True
+    transitions.compensation_unconfirmed(
+        lease=lease, step_name=step.step_name, remote_ref=remote_ref, error=error, spec=spec
+    )
     return False
 
 

@@ -40,6 +40,7 @@ from .compensation import (
     compensation_begin,
     compensation_fail,
     compensation_succeed,
+    compensation_unconfirmed,
     run_compensate,
     run_compensation_done,
 )
@@ -156,6 +157,7 @@ __all__ = [
     "compensation_begin",
     "compensation_fail",
     "compensation_succeed",
+    "compensation_unconfirmed",
     "decision_supersede",
     "step_override",
     "default_owner",

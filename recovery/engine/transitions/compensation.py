@@ -10,7 +10,7 @@ from django.db import transaction
 
 from recovery import clock
 from recovery.engine import dispatch
-from recovery.errors import ErrorKind, StepError, TransientError
+from recovery.errors import ErrorKind, NotThisStep, StepError, TransientError
 from recovery.models import ApprovalRequest, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.workflow import Outcome, StepSpec, workflow_of
@@ -150,44 +150,108 @@ def compensation_fail(
     flight. Anything else, an exhausted budget, or an unknown outcome with no bound stops in
     the visible ``compensation_failed`` state — never reported as rolled back."""
     with _leased_step(lease, step_name, "compensation_fail", now) as change:
-        run, step, now = change.run, change.step, change.now
-        step.last_error_kind = error.kind
         message = redact_text(error.message)
-        step.last_error = f"compensation: {message}"[:4000]
-        unknown = error.kind == ErrorKind.UNKNOWN_OUTCOME
-        settle_until = spec.in_flight_until(step.compensation_sent_at) if unknown else None
-        if not unknown:
-            step.compensation_sent_at = None  # it answered: nothing of this attempt is in flight
-        retryable = unknown or spec.retry.retries(error.kind)
-        delay = (
-            spec.retry.next_delay(
-                step.compensation_attempts, TransientError(error.message, retry_after=error.retry_after)
-            )
-            if retryable
-            else None
+        _retry_or_stop(change, spec, error, message=message, why=f"{step_name}: compensation failed: {message}")
+
+
+def compensation_unconfirmed(
+    *,
+    lease: Lease,
+    step_name: str,
+    remote_ref: str,
+    error: StepError | None,
+    spec: StepSpec,
+    now: datetime | None = None,
+) -> None:
+    """The step's own look-up by the receiver's id (``@lookup_ref``) did not confirm that
+    ``remote_ref``, the object its compensation would act on, is this run's, so nothing was sent.
+    ``error`` None (the receiver has no such object) or NotThisStep (another request's object: a
+    foreign id recorded before evidence was checked, or written by hand): the compensation is
+    refused and waits for an operator in ``compensation_failed`` (audited ``compensation_refused``),
+    never reported as compensated. Any other error (the receiver could not be asked): retried like
+    a failed compensation within the step's budget, each check counting as an attempt; an
+    exhausted budget or a permanent error stops in ``compensation_failed`` too. Never sent
+    unconfirmed."""
+    if error is None or isinstance(error, NotThisStep):
+        _compensation_refuse(lease=lease, step_name=step_name, remote_ref=remote_ref, error=error, now=now)
+        return
+    with _leased_step(lease, step_name, "compensation_fail", now) as change:
+        change.step.compensation_attempts += 1  # an attempt that sent nothing: the budget still counts it
+        message = redact_text(
+            f"not sent: could not confirm that {remote_ref or 'its object'} is {step_name}'s own ({error.message})"
         )
-        why = f"{step_name}: compensation failed: {message}"
-        if unknown and spec.in_flight_bound() is None:
-            delay = None
-            why = f"{step_name}: compensation outcome unknown and its receiver may commit at any time: check it"
-        if delay is not None:
-            _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
-            step.next_attempt_at = max(now + timedelta(seconds=delay), settle_until or now)
-            retry = "compensation retry scheduled"
-            if settle_until is not None and step.next_attempt_at == settle_until:
-                window = in_flight_text(step.compensation_sent_at, settle_until)
-                retry = f"compensation outcome unknown; trying again {window}"
-            _check(RUN_TRANSITIONS, "compensation_wait", run.state, "run")
-            _release_into(run, RunState.COMPENSATING, wake_at=step.next_attempt_at, reason=f"{step_name}: {retry}")
-            change.action = "compensation_retry"
+        if error.kind == ErrorKind.UNKNOWN_OUTCOME:  # a look-up changes nothing: asking again is safe
+            error = TransientError(error.message, retry_after=error.retry_after)
+        _retry_or_stop(change, spec, error, message=message, why=f"{step_name}: compensation {message}")
+        change.extra = {"compensation_attempts": change.step.compensation_attempts, "remote_ref": remote_ref}
+
+
+def _compensation_refuse(
+    *, lease: Lease, step_name: str, remote_ref: str, error: StepError | None, now: datetime | None
+) -> None:
+    with _leased_step(lease, step_name, "compensation_refused", now) as change:
+        run, step, now = change.run, change.step, change.now
+        if not remote_ref:
+            cause = f"{step_name} recorded no remote id"
+        elif error is None:
+            cause = f"the receiver has no {remote_ref}"
         else:
-            step.state = _check(STEP_TRANSITIONS, "compensation_fail", step.state, "step")
-            step.next_attempt_at = None
-            _check(RUN_TRANSITIONS, "compensation_fail", run.state, "run")
-            _release_into(run, RunState.COMPENSATION_FAILED, reason=why)
+            cause = f"{remote_ref} is not {step_name}'s object: {error.message}"
+        message = redact_text(f"not sent: {cause}; check which object is this run's")
+        step.state = _check(STEP_TRANSITIONS, "compensation_fail", step.state, "step")
+        step.last_error_kind = ErrorKind.PERMANENT
+        step.last_error = f"compensation: {message}"[:4000]
+        step.next_attempt_at = None
+        step.compensation_sent_at = None  # nothing sent, and an earlier request's window has closed
+        _check(RUN_TRANSITIONS, "compensation_fail", run.state, "run")
+        _release_into(run, RunState.COMPENSATION_FAILED, reason=f"{step_name}: compensation {message}")
         _save_step(step, ["state", "last_error_kind", "last_error", "next_attempt_at", "compensation_sent_at"], now)
         _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
         change.reason = message[:1000]
+        change.extra = {"remote_ref": remote_ref}
+
+
+def _retry_or_stop(change, spec: StepSpec, error: StepError, *, message: str, why: str) -> None:
+    """A compensation attempt that did not succeed (``message``, redacted): the next attempt
+    scheduled within the step's budget, or the run stopped in ``compensation_failed`` (``why``)."""
+    run, step, now, step_name = change.run, change.step, change.now, change.step.step_name
+    step.last_error_kind = error.kind
+    step.last_error = f"compensation: {message}"[:4000]
+    unknown = error.kind == ErrorKind.UNKNOWN_OUTCOME
+    settle_until = spec.in_flight_until(step.compensation_sent_at) if unknown else None
+    if not unknown:
+        step.compensation_sent_at = None  # it answered: nothing of this attempt is in flight
+    retryable = unknown or spec.retry.retries(error.kind)
+    delay = (
+        spec.retry.next_delay(step.compensation_attempts, TransientError(error.message, retry_after=error.retry_after))
+        if retryable
+        else None
+    )
+    if unknown and spec.in_flight_bound() is None:
+        delay = None
+        why = f"{step_name}: compensation outcome unknown and its receiver may commit at any time: check it"
+    if delay is not None:
+        _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
+        step.next_attempt_at = max(now + timedelta(seconds=delay), settle_until or now)
+        retry = "compensation retry scheduled"
+        if settle_until is not None and step.next_attempt_at == settle_until:
+            window = in_flight_text(step.compensation_sent_at, settle_until)
+            retry = f"compensation outcome unknown; trying again {window}"
+        _check(RUN_TRANSITIONS, "compensation_wait", run.state, "run")
+        _release_into(run, RunState.COMPENSATING, wake_at=step.next_attempt_at, reason=f"{step_name}: {retry}")
+        change.action = "compensation_retry"
+    else:
+        step.state = _check(STEP_TRANSITIONS, "compensation_fail", step.state, "step")
+        step.next_attempt_at = None
+        _check(RUN_TRANSITIONS, "compensation_fail", run.state, "run")
+        _release_into(run, RunState.COMPENSATION_FAILED, reason=why)
+    _save_step(
+        step,
+        ["state", "last_error_kind", "last_error", "next_attempt_at", "compensation_sent_at", "compensation_attempts"],
+        now,
+    )
+    _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+    change.reason = message[:1000]
 
 
 def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunState:
