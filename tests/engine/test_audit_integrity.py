@@ -72,7 +72,8 @@ def test_the_database_chains_every_event_of_a_run_by_hash(two_runs):
         for previous, event in zip(events, events[1:], strict=False):
             assert event.prev_hash == previous.hash
         # The hash is over what the export shows: an auditor recomputes it from a line.
-        for line, event in zip(export_jsonl(run=run.workflow_id).splitlines(), events, strict=True):
+        lines = export_jsonl(run=run.workflow_id).splitlines()[: len(events)]  # the trailer follows
+        for line, event in zip(lines, events, strict=True):
             doc = json.loads(line)
             values = [doc[c] if c not in ("before", "after") else json.dumps(doc[c], separators=(",", ":"),
                       sort_keys=True, ensure_ascii=False) for c in audit_chain.HASHED]  # fmt: skip
@@ -200,10 +201,10 @@ def test_an_export_verifies_offline_and_shows_tampering(two_runs, tmp_path):
     path = tmp_path / "audit.jsonl"
     call_command("export_audit", "--format", "jsonl", "--output", str(path), stdout=StringIO())
     lines = path.read_text().splitlines(keepends=True)
-    assert len(lines) == AuditEvent.objects.count()
+    assert len(lines) == AuditEvent.objects.count() + 3  # and the trailer: a line per run, the total
 
     code, out, _ = verify("--file", str(path))
-    assert code == 0 and f"{len(lines)} events in 2 runs" in out
+    assert code == 0 and f"{AuditEvent.objects.count()} events in 2 runs" in out
 
     doc = json.loads(lines[5])
     doc["reason"] = "edited in a spreadsheet"

@@ -50,6 +50,17 @@ def export_text(params: dict, **kwargs) -> str:
     return "".join(exports.export_chunks(parse_filters(params), **kwargs))
 
 
+# Where an export's trailer starts (recovery.engine.audit.trailer): a line of its own after the events.
+TRAILER = re.compile(r'(?:^|(?<=\n))(?:\{"trailer":|trailer,|trailer_total,)')
+
+
+def events_of(text: str) -> str:
+    """An export's events (and CSV header), without its trailer."""
+    found = TRAILER.search(text)
+    assert found is not None, "the export has no trailer"
+    return text[: found.start()]
+
+
 def csv_rows(text: str) -> list[list[str]]:
     return list(csv.reader(StringIO(text, newline="")))
 
@@ -80,7 +91,7 @@ def test_csv_is_a_header_then_every_event_of_a_real_run_in_at_then_id_order(cloc
     events = list(AuditEvent.objects.select_related("run").order_by("at", "id"))
     assert len(events) > 5
 
-    header, *rows = csv_rows(export_text({"format": "csv"}))
+    header, *rows = csv_rows(events_of(export_text({"format": "csv"})))
 
     assert header == list(COLUMNS)
     assert len(rows) == len(events)
@@ -105,7 +116,7 @@ def test_jsonl_is_one_compact_object_per_line_with_before_and_after_as_objects(c
     drive(start(), clock)
     events = list(AuditEvent.objects.order_by("at", "id"))
 
-    text = export_text({"format": "jsonl"})
+    text = events_of(export_text({"format": "jsonl"}))
 
     lines = text.splitlines()
     assert text.endswith("\n") and len(lines) == len(events)
@@ -149,8 +160,9 @@ def test_the_export_written_by_the_database_is_the_python_one_across_batches_and
     for i in range(23):
         add_event(run, MAY_1 + timedelta(seconds=i // 5), reason=f'{i},\n"{i}"', before={"i": i, "é": [i]})
     filters = parse_filters({"format": fmt})
-    expected = "".join(exports.FORMATS[fmt].lines(audit_events(filters)))
-    assert expected.count("\n") >= 24
+    lines = "".join(exports.FORMATS[fmt].lines(audit_events(filters)))
+    expected = "".join(exports.export_chunks(filters, events=audit_events(filters)))  # the Python writer
+    assert lines.count("\n") >= 24 and events_of(expected) == lines
     for size in (1, 3, 5, 7, 100):
         monkeypatch.setattr(exports, "COPY_BATCH_SIZE", size)
         count = exports.ExportCount()
@@ -173,7 +185,7 @@ def test_cells_that_a_spreadsheet_would_run_as_formulas_are_prefixed_with_a_quot
     add_event(run, MAY_1 + timedelta(seconds=1), actor="\tcmd", reason="\r=1+1", before={"x": "=1"})
     add_event(run, MAY_1 + timedelta(seconds=2), actor="a=b", reason="safe -1 +1 @x", after={"y": "-1"})
 
-    _, first, second, third = csv_rows(export_text({"format": "csv"}))
+    _, first, second, third = csv_rows(events_of(export_text({"format": "csv"})))
 
     assert first[1:7] == ["'=HYPERLINK(1)", "'-wf", "'+step", "'@admin", "'-2+3", "'=SUM(A1:A9)"]
     assert (second[4], second[6]) == ("'\tcmd", "'\r=1+1")
@@ -182,7 +194,7 @@ def test_cells_that_a_spreadsheet_would_run_as_formulas_are_prefixed_with_a_quot
         assert datetime.fromisoformat(row[0]) and json.loads(row[7]) is not None and json.loads(row[8]) is not None
         assert row[9].isdigit()
     # JSON Lines is not for spreadsheets: the stored values, unchanged.
-    docs = [json.loads(line) for line in export_text({"format": "jsonl"}).splitlines()]
+    docs = [json.loads(line) for line in events_of(export_text({"format": "jsonl"})).splitlines()]
     assert [d["actor"] for d in docs] == ["@admin", "\tcmd", "a=b"] and docs[0]["workflow_id"] == "=HYPERLINK(1)"
 
 
@@ -270,8 +282,11 @@ def test_the_export_is_byte_for_byte_what_it_was_when_it_built_model_instances(c
 
     events = list(AuditEvent.objects.select_related("run").order_by("at", "id"))
     expected = "".join(_previous_lines(fmt, events))
-    assert export_text({"format": fmt}) == expected
-    assert export_text({"format": fmt}, chunk_chars=1) == expected
+    exported = export_text({"format": fmt})
+    assert events_of(exported) == expected
+    # The trailer too, whichever writer (on PostgreSQL the database's) wrote the events:
+    assert exported == "".join(exports.export_chunks(AuditFilters(format=fmt), events=events))
+    assert export_text({"format": fmt}, chunk_chars=1) == exported
     assert "".join(exports.FORMATS[fmt].lines(events)) == expected  # model instances still work
 
 
@@ -381,7 +396,7 @@ def test_every_console_role_may_export_and_gets_a_streamed_csv_attachment(client
     assert response["Content-Type"] == "text/csv; charset=utf-8"
     assert response["Content-Disposition"] == 'attachment; filename="audit-all-20310203T040506Z.csv"'
     assert "no-store" in response["Cache-Control"]
-    header, *rows = csv_rows(b"".join(response.streaming_content).decode())
+    header, *rows = csv_rows(events_of(b"".join(response.streaming_content).decode()))
     assert header == list(COLUMNS)
     assert [int(r[9]) for r in rows] == list(run.audit_events.order_by("at", "id").values_list("id", flat=True))
 
@@ -394,7 +409,7 @@ def test_a_filtered_jsonl_export_is_named_after_the_run(client, clock):
 
     assert response["Content-Type"] == "application/x-ndjson"
     assert re.fullmatch(r'attachment; filename="audit-order_t_o1-\d{8}T\d{6}Z\.jsonl"', response["Content-Disposition"])
-    [line] = b"".join(response.streaming_content).decode().splitlines()
+    [line] = events_of(b"".join(response.streaming_content).decode()).splitlines()
     assert json.loads(line)["action"] == "start"
 
 
@@ -413,7 +428,7 @@ def test_under_asgi_the_export_streams_asynchronously_with_the_same_content(clie
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert async_to_sync(fetch)() == served
-    assert len(served.splitlines()) == len(trail)
+    assert len(events_of(served.decode()).splitlines()) == len(trail)
 
 
 def test_the_filename_scope_keeps_only_safe_characters():
@@ -460,7 +475,7 @@ def test_the_command_writes_what_the_view_serves_for_the_same_filters(client, tr
     printed = run_cmd(*[arg for name, value in params.items() for arg in (f"--{name}", value)])
 
     assert printed == served
-    assert len(served.splitlines()) == (3 if fmt == "csv" else 2)  # o1.midnight, o1.last_moment (+ header)
+    assert len(events_of(served).splitlines()) == (3 if fmt == "csv" else 2)  # o1.midnight, o1.last_moment (+ header)
     assert run_cmd("--format", fmt, "--run", "order:t:o1", "--actor", "olga", "--action", "resume") == "".join(
         exports.export_chunks(parse_filters({"format": fmt, "run": "order:t:o1", "actor": "olga", "action": "resume"}))
     )
@@ -547,7 +562,7 @@ def test_exporting_many_events_keeps_memory_flat_and_queries_per_batch():
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert csv_result == (MANY + 2, batches)  # the run's start event and the header
+    assert csv_result == (MANY + 4, batches)  # the run's start event, the header, the trailer's two rows
     assert peak < MEMORY_BOUND, f"peak {peak / 2**20:.1f} MiB while streaming {MANY} events"
 
-    assert consume(parse_filters({"format": "jsonl"})) == (MANY + 1, batches)
+    assert consume(parse_filters({"format": "jsonl"})) == (MANY + 3, batches)

@@ -22,10 +22,13 @@ SQLite client cannot write audit events at all). Other triggers refuse every ``U
 ``DELETE`` and (PostgreSQL) ``TRUNCATE`` of events (append-only in the database, not only in
 the code).
 
-What the chain does not show by itself: events removed from the end of a run (keep an export:
-its hashes anchor what existed), or a chain rewritten from the start by someone who can
-disable triggers (the database's owner). Keep the application's database role from owning
-the tables for that.
+What the links do not show by themselves: a run whose events were all removed, or cut at
+its start or its end. ``verify_stored`` also checks each run's trail is whole (``run_problem``:
+it has events, begins with its ``start``, and its last state-recording event agrees with its
+state); events cut from the end past that, or a chain rewritten from the start by someone who can
+disable triggers (the database's owner), show against head anchors kept outside the database
+(recovery.engine.audit.anchors). ``setup_db_roles`` keeps the application's role from owning the
+tables.
 """
 
 from __future__ import annotations
@@ -197,9 +200,21 @@ class Event:
         return f"event {self.id} of run {self.workflow_id} ({self.action} at {self.values[0]})"
 
 
-def stored_chains(*, run: str | None = None, runs_per_batch: int = 1000, connection=None) -> Iterator[list[Event]]:
-    """Each run's events in chain (id) order, a batch of runs at a time (memory stays flat;
-    each batch reads its runs' events through the (run, id) index)."""
+@dataclass(frozen=True)
+class StoredRun:
+    """A run as ``verify_audit`` checks it: its state and its events in chain (id) order,
+    read in one statement (one snapshot: a transition changes a run and writes its event in
+    one transaction, so the two always agree here)."""
+
+    workflow_id: str
+    state: str
+    events: list[Event]
+
+
+def stored_runs(*, run: str | None = None, runs_per_batch: int = 1000, connection=None) -> Iterator[StoredRun]:
+    """Every run (or one) with its events in chain order, runs without events included, a
+    batch of runs at a time (memory stays flat; each batch reads its runs' events through the
+    (run, id) index)."""
     connection = connection or default_connection
     quote = connection.ops.quote_name
     last = 0
@@ -214,20 +229,31 @@ def stored_chains(*, run: str | None = None, runs_per_batch: int = 1000, connect
             if not ids:
                 return
             cursor.execute(
-                f"""SELECT e.id, e.run_id, e.at, r.workflow_id, r.workflow_name, e.step_name, e.actor, e.action,
+                f"""SELECT r.id, r.state, e.id, e.at, r.workflow_id, r.workflow_name, e.step_name, e.actor, e.action,
                     e.reason, CAST(e.before AS text), CAST(e.after AS text), e.prev_hash, e.hash
-                FROM {quote(TABLE)} AS e JOIN {quote(RUN_TABLE)} AS r ON r.id = e.run_id
-                WHERE e.run_id IN ({", ".join(["%s"] * len(ids))}) ORDER BY e.run_id, e.id""",
+                FROM {quote(RUN_TABLE)} AS r LEFT JOIN {quote(TABLE)} AS e ON e.run_id = r.id
+                WHERE r.id IN ({", ".join(["%s"] * len(ids))}) ORDER BY r.id, e.id""",
                 ids,
             )
             rows = cursor.fetchall()
-        chains: dict[int, list[Event]] = {pk: [] for pk in ids}
-        for pk, run_id, at, *values, prev_hash, hash_ in rows:
-            chains[run_id].append(Event(pk, (at_text(at), *values), prev_hash, hash_))
-        yield from (chain for chain in chains.values() if chain)
+        runs: dict[int, StoredRun] = {}
+        for run_id, state, pk, at, workflow_id, *values, prev_hash, hash_ in rows:
+            stored = runs.get(run_id)
+            if stored is None:
+                stored = runs[run_id] = StoredRun(workflow_id, state, [])
+            if pk is not None:
+                stored.events.append(Event(pk, (at_text(at), workflow_id, *values), prev_hash, hash_))
+        yield from runs.values()
         if run is not None or len(ids) < runs_per_batch:
             return
         last = ids[-1]
+
+
+def stored_chains(*, run: str | None = None, runs_per_batch: int = 1000, connection=None) -> Iterator[list[Event]]:
+    """Each run's events in chain (id) order (runs without events left out)."""
+    for stored in stored_runs(run=run, runs_per_batch=runs_per_batch, connection=connection):
+        if stored.events:
+            yield stored.events
 
 
 def exported_chains(lines: Iterable[str]) -> Iterator[list[Event]]:
@@ -287,21 +313,89 @@ def first_break(chain: Sequence[Event], *, complete: bool = True) -> Break | Non
     return None
 
 
+@dataclass(frozen=True)
+class RunProblem:
+    """A run whose trail is incomplete although its chain links hold."""
+
+    workflow_id: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"run {self.workflow_id}: {self.problem}"
+
+
+def recorded_state(events: Sequence[Event]) -> tuple[Event, str] | None:
+    """The last event that records the run's state (``after`` holds ``run``: every transition
+    that changes a run's state writes one; an outbox delivery, which does not, records none),
+    and that state."""
+    for event in reversed(events):
+        after = event.values[8]
+        if '"run":' not in after:  # most events: no JSON to parse
+            continue
+        document = json.loads(after)
+        if isinstance(document, dict) and isinstance(document.get("run"), str):
+            return event, document["run"]
+    return None
+
+
+def run_problem(run: StoredRun) -> RunProblem | None:
+    """What a stored run's trail lacks: any event (emptied), its start (first events cut), or
+    the events that brought it to its state (last events cut)."""
+    if not run.events:
+        return RunProblem(run.workflow_id, f"it has no audit events (it is {run.state}): its trail was emptied")
+    first = run.events[0]
+    if first.action != "start":
+        return RunProblem(
+            run.workflow_id, f"its first event is {first.describe()}, not its start: the events before it are missing"
+        )
+    recorded = recorded_state(run.events)
+    if recorded is None:
+        return RunProblem(run.workflow_id, "no event records its state")
+    event, state = recorded
+    if state != run.state:
+        return RunProblem(
+            run.workflow_id,
+            f"it is {run.state} but its last event recording its state, {event.describe()}, says {state}: "
+            "the events after it are missing",
+        )
+    return None
+
+
 @dataclass
 class Verification:
     events: int = 0
     runs: int = 0
     broken_runs: int = 0
-    first: Break | None = None
+    first: Break | RunProblem | None = None
+
+    def failure(self) -> str | None:
+        """The one line a failed verification prints, or None."""
+        if self.first is None:
+            return None
+        what = "first broken link" if isinstance(self.first, Break) else "first problem"
+        return f"audit chain broken in {self.broken_runs} of {self.runs} runs; {what}: {self.first}"
+
+    def add(self, problem: Break | RunProblem | None) -> None:
+        if problem is not None:
+            self.broken_runs += 1
+            self.first = self.first or problem
 
 
 def verify(chains: Iterable[Sequence[Event]], *, complete: bool = True) -> Verification:
+    """The chains' links (a stored trail: also ``verify_stored``)."""
     result = Verification()
     for chain in chains:
         result.runs += 1
         result.events += len(chain)
-        broken = first_break(chain, complete=complete)
-        if broken is not None:
-            result.broken_runs += 1
-            result.first = result.first or broken
+        result.add(first_break(chain, complete=complete))
+    return result
+
+
+def verify_stored(*, run: str | None = None, connection=None) -> Verification:
+    """Every stored run (or one): its chain's links, then that its trail is whole (``run_problem``)."""
+    result = Verification()
+    for stored in stored_runs(run=run, connection=connection):
+        result.runs += 1
+        result.events += len(stored.events)
+        result.add(first_break(stored.events) or run_problem(stored))
     return result

@@ -5,7 +5,9 @@ Columns, in this order: ``at`` (ISO 8601, UTC, always with microseconds), ``work
 ``workflow`` (the run's workflow name), ``step``, ``actor``, ``action``, ``reason``, ``before``,
 ``after`` (the state before and after, as compact JSON with sorted keys), ``event_id``, and
 ``prev_hash`` and ``hash``, the event's link in its run's hash chain (recovery.engine.audit.chain:
-an auditor verifies a JSON Lines export offline with ``verify_audit --file``).
+an auditor verifies a JSON Lines export offline with ``verify_audit --file``). After the
+events, a trailer says what the export holds, per run and in total (recovery.engine.audit.trailer),
+whichever writer wrote the lines; it keeps one entry per exported run in memory.
 
 Filters (all optional, combined with AND): ``run`` (one workflow id), ``since`` (inclusive) and
 ``until`` (exclusive), each an ISO 8601 date or datetime (a date means midnight UTC, a datetime
@@ -45,6 +47,7 @@ from django.db import connection
 from django.db.models import BooleanField, DateTimeField, F, Func, Q, QuerySet, TextField, Value
 
 from recovery import clock
+from recovery.engine.audit.trailer import Tally, trailer_lines
 from recovery.fields import canonical_json
 from recovery.models import AuditEvent, WorkflowRun
 
@@ -373,25 +376,40 @@ def export_chunks(
     ``events``, the database writes the lines (``_copied_chunks``): the same bytes, several
     times faster. ``count`` learns how many events were written."""
     count = count if count is not None else ExportCount()
+    tally = Tally()
     if events is None and connection.vendor == "postgresql":
-        yield from _copied_chunks(filters, chunk_chars, count)
+        yield from _copied_chunks(filters, chunk_chars, count, tally)
+        yield "".join(trailer_lines(filters.format == "csv", tally, trailer_filters(filters)))
         return
     buffer: list[str] = []
     size = 0
-    for line in FORMATS[filters.format].lines(_counted(audit_events(filters) if events is None else events, count)):
+    rows = _counted(audit_events(filters) if events is None else events, count, tally, filters.format == "csv")
+    for line in FORMATS[filters.format].lines(rows):
         buffer.append(line)
         size += len(line)
         if size >= chunk_chars:
             yield "".join(buffer)
             buffer, size = [], 0
-    if buffer:
-        yield "".join(buffer)
+    yield "".join([*buffer, *trailer_lines(filters.format == "csv", tally, trailer_filters(filters))])
 
 
-def _counted(events: Iterable[AuditRow | AuditEvent], count: ExportCount) -> Iterator[AuditRow | AuditEvent]:
+def _counted(
+    events: Iterable[AuditRow | AuditEvent], count: ExportCount, tally: Tally, csv_format: bool
+) -> Iterator[AuditRow]:
+    add = tally.add
     for event in events:
         count.events += 1
-        yield event
+        row = _as_row(event)
+        add(_neutralise_formula(row.workflow_id) if csv_format else row.workflow_id, row.id, row.hash)
+        yield row
+
+
+def trailer_filters(filters: AuditFilters) -> dict[str, str]:
+    """The filters an export was made with, as its trailer states them (recovery.engine.audit.trailer)."""
+    given = {name: getattr(filters, name) for name in ("run", "since", "until", "workflow", "actor", "action")}
+    return {
+        name: _at(value) if isinstance(value, datetime) else value for name, value in given.items() if value is not None
+    }
 
 
 # --- PostgreSQL: the database writes the lines -----------------------------------------
@@ -475,7 +493,7 @@ def _jsonl_line() -> _Sql:
     return _Sql(" || ".join(pieces), *map(F, _ROW_FIELDS))
 
 
-def _copied_chunks(filters: AuditFilters, chunk_chars: int, count: ExportCount) -> Iterator[str]:
+def _copied_chunks(filters: AuditFilters, chunk_chars: int, count: ExportCount, tally: Tally) -> Iterator[str]:
     events = _matching(filters)
     csv_format = filters.format == "csv"
     if csv_format:
@@ -496,18 +514,19 @@ def _copied_chunks(filters: AuditFilters, chunk_chars: int, count: ExportCount) 
                 rows.append(row)
                 size += len(row)
                 if size >= chunk_chars:
-                    yield _copied_text(rows, csv_format, count)
+                    yield _copied_text(rows, csv_format, count, tally)
                     rows, size = [], 0
             if rows:
-                yield _copied_text(rows, csv_format, count)
+                yield _copied_text(rows, csv_format, count, tally)
         if end is None:
             return
         page = events.filter(_after(*end))
 
 
-def _copied_text(rows: list[Any], csv_format: bool, count: ExportCount) -> str:
+def _copied_text(rows: list[Any], csv_format: bool, count: ExportCount, tally: Tally) -> str:
     """COPY's rows (one message each, LF-terminated) as the export's text."""
     count.events += len(rows)
+    tally.add_copied_rows(rows, csv_format)
     data = b"".join(rows)
     if csv_format and data.count(b"\n") != len(rows):
         data = b"".join(bytes(row[:-1]) + b"\r\n" for row in rows)  # a cell holds a LF
