@@ -50,9 +50,9 @@ def gunicorn_argv(port: int, workers: int, *options: str) -> list[str]:
 
 
 def create_supervisor(db_url: str, username: str = "bench-supervisor") -> tuple[str, str]:
-    """``manage.py createoperator USERNAME --group supervisor --password …``; (username, password)."""
-    password = secrets.token_urlsafe(16)
-    manage(db_url, "createoperator", username, "--group", "supervisor", "--password", password)
+    """``manage.py createoperator USERNAME --group supervisor --password … --reason …``; (username, password)."""
+    password = secrets.token_urlsafe(16)  # 22 characters: passes the password validators
+    manage(db_url, "createoperator", username, "--group", "supervisor", "--password", password, "--reason", "the bench")
     return username, password
 
 

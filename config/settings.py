@@ -114,7 +114,16 @@ DATABASES = {
 DATABASE_ROUTERS = ["sandbox.routers.SandboxRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-AUTH_PASSWORD_VALIDATORS = []
+# Every password a person sets (createoperator, the demo's logins) passes these (docs/security.md,
+# "Passwords and logins"). 12 characters: at the per-user, per-address and global login limits
+# below an online guesser gets a few hundred guesses a day, and 12 characters of anything not on
+# the common list is far out of that reach; it is also what a passphrase of three words reaches.
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -338,6 +347,31 @@ RECOVERY_LOGIN_MAX_FAILURES = int(env("RECOVERY_LOGIN_MAX_FAILURES", "5"))
 RECOVERY_LOGIN_LOCKOUT_SECONDS = float(env("RECOVERY_LOGIN_LOCKOUT_SECONDS", "900"))
 if RECOVERY_LOGIN_MAX_FAILURES < 1 or RECOVERY_LOGIN_LOCKOUT_SECONDS <= 0:
     raise ImproperlyConfigured("RECOVERY_LOGIN_MAX_FAILURES must be ≥ 1 and RECOVERY_LOGIN_LOCKOUT_SECONDS > 0")
+# Beside it: failures from one client address across usernames in the same window (0: off), and
+# failures across the whole console in a short window, a high ceiling that slows a distributed
+# spray while an operator is refused for at most RECOVERY_LOGIN_GLOBAL_WINDOW_SECONDS at a time.
+RECOVERY_LOGIN_MAX_FAILURES_PER_ADDRESS = int(env("RECOVERY_LOGIN_MAX_FAILURES_PER_ADDRESS", "20"))
+RECOVERY_LOGIN_MAX_FAILURES_GLOBAL = int(env("RECOVERY_LOGIN_MAX_FAILURES_GLOBAL", "100"))
+RECOVERY_LOGIN_GLOBAL_WINDOW_SECONDS = float(env("RECOVERY_LOGIN_GLOBAL_WINDOW_SECONDS", "60"))
+if (
+    RECOVERY_LOGIN_MAX_FAILURES_PER_ADDRESS < 0
+    or RECOVERY_LOGIN_MAX_FAILURES_GLOBAL < 0
+    or RECOVERY_LOGIN_GLOBAL_WINDOW_SECONDS <= 0
+):
+    raise ImproperlyConfigured(
+        "RECOVERY_LOGIN_MAX_FAILURES_PER_ADDRESS and _GLOBAL must be ≥ 0 (0: off) "
+        "and RECOVERY_LOGIN_GLOBAL_WINDOW_SECONDS > 0"
+    )
+# The client's address is REMOTE_ADDR. Behind reverse proxies, name the header they set
+# (e.g. X-Forwarded-For) and how many of them append to it: the address is that many entries from
+# the right. Never trusted by default: a client can write any X-Forwarded-For it likes.
+_client_header = (env("RECOVERY_TRUSTED_PROXY_HEADER") or "").strip().upper().replace("-", "_")
+RECOVERY_TRUSTED_PROXY_HEADER = (
+    _client_header if not _client_header or _client_header.startswith("HTTP_") else f"HTTP_{_client_header}"
+)
+RECOVERY_TRUSTED_PROXY_COUNT = int(env("RECOVERY_TRUSTED_PROXY_COUNT", "1"))
+if RECOVERY_TRUSTED_PROXY_COUNT < 1:
+    raise ImproperlyConfigured("RECOVERY_TRUSTED_PROXY_COUNT must be ≥ 1")
 # The simulated systems' own credential (what a tracker's API token is to its adapter): the
 # adapters send it as a Bearer token, the sandbox refuses any request without it. A fixed key in
 # DEBUG (the embedded demo on 127.0.0.1); in production the sandbox is closed unless it is set.

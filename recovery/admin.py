@@ -1,6 +1,16 @@
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 
-from recovery.models import ApiToken, AuditEvent, ModelDecision, OutboxMessage, StepExecution, WorkflowRun
+from recovery.models import (
+    AccountEvent,
+    ApiToken,
+    AuditEvent,
+    ModelDecision,
+    OutboxMessage,
+    StepExecution,
+    WorkflowRun,
+)
 
 
 class ReadOnly(admin.ModelAdmin):
@@ -68,3 +78,40 @@ class ApiTokenAdmin(ReadOnly):
 
     list_display = ["name", "prefix", "workflow_name", "created_at", "revoked_at", "last_used_at"]
     exclude = ["token_hash"]
+
+
+# Users and groups are read-only too, even for a superuser: accounts change through
+# `manage.py createoperator` (recovery.accounts), which validates the password and records who
+# and why (AccountEvent). A writable user admin let one superuser mint a second supervisor.
+for model in (get_user_model(), Group):
+    if admin.site.is_registered(model):
+        admin.site.unregister(model)
+
+
+@admin.register(get_user_model())
+class UserAdmin(ReadOnly):
+    list_display = ["username", "is_active", "is_superuser", "role_groups", "last_login", "date_joined"]
+    list_filter = ["is_active", "is_superuser", "groups"]
+    search_fields = ["username"]
+    fields = ["username", "is_active", "is_staff", "is_superuser", "groups", "last_login", "date_joined"]
+    readonly_fields = fields  # never the password hash
+
+    @admin.display(description="groups")
+    def role_groups(self, user) -> str:
+        return ", ".join(sorted(user.groups.values_list("name", flat=True)))
+
+
+@admin.register(Group)
+class GroupAdmin(ReadOnly):
+    list_display = ["name"]
+    fields = ["name"]
+    readonly_fields = fields
+
+
+@admin.register(AccountEvent)
+class AccountEventAdmin(ReadOnly):
+    """Every change to a console account, who made it and why (append-only)."""
+
+    list_display = ["at", "actor", "os_user", "via", "username", "action", "before", "after", "reason"]
+    list_filter = ["action", "via"]
+    search_fields = ["username", "actor"]

@@ -356,15 +356,18 @@ class ApiToken(models.Model):
 
 
 class LoginFailure(models.Model):
-    """One failed login for a username, kept in the database so that every web process counts
-    the same failures (recovery.console.login_throttle). No password, no IP: the name and the time."""
+    """One failed login (or one attempt being checked) for a username from a client address, kept
+    in the database so that every web process counts the same failures
+    (recovery.console.login_throttle). No password: the name, the address and the time."""
 
     username = models.CharField(max_length=150)  # casefolded, as login_throttle.normalise makes it
+    address = models.CharField(max_length=45, blank=True, default="")  # the client's IP address
     at = models.DateTimeField()
 
     class Meta:
         indexes = [
             models.Index(fields=["username", "at"], name="login_failure_user_at_idx"),
+            models.Index(fields=["address", "at"], name="login_failure_address_at_idx"),
             models.Index(fields=["at"], name="login_failure_at_idx"),
         ]
 
@@ -518,3 +521,37 @@ class Executor(models.Model):
 
     def __str__(self) -> str:
         return f"{self.mode} executor {self.owner}"
+
+
+class AccountAction(models.TextChoices):
+    CREATED = "created"  # after: the role
+    ROLE_CHANGED = "role_changed"  # before → after: the roles
+    PASSWORD_CHANGED = "password_changed"
+    ACTIVATED = "activated"  # an inactive user made active again
+    DEACTIVATED = "deactivated"
+
+
+class AccountEvent(models.Model):
+    """One change to a console account: when, who made it (``actor``: the console user, or the
+    name a command was given with ``--by``, else the OS user), from where (``via``: the command
+    or page; ``os_user``: the OS account a command ran as), whose account, what changed and
+    why. Append-only: the database refuses UPDATE, DELETE and TRUNCATE (triggers in
+    recovery.accounts, migration 0030). No password or hash is ever stored here."""
+
+    at = models.DateTimeField()
+    actor = models.CharField(max_length=150)
+    os_user = models.CharField(max_length=150, blank=True, default="")
+    via = models.CharField(max_length=50)
+    username = models.CharField(max_length=150)
+    action = models.CharField(max_length=20, choices=AccountAction.choices)
+    before = models.CharField(max_length=50, blank=True, default="")
+    after = models.CharField(max_length=50, blank=True, default="")
+    reason = models.TextField()
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["username", "at"], name="account_event_user_at_idx")]
+
+    def __str__(self) -> str:
+        change = f" {self.before or '-'} → {self.after or '-'}" if self.before or self.after else ""
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.username}{change}: {self.reason}"

@@ -21,11 +21,11 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import CommandError
 from django.db import connections
 
+from recovery.accounts import ROLES, Actor, create_operator
 from recovery.engine import transitions
 from recovery.errors import InvalidTransition
-from recovery.management.commands.createoperator import ROLES, create_operator
 from recovery.models import WorkflowRun
-from sandbox import faults
+from sandbox import demo_logins, faults
 from sandbox.demo_player import Seeder, temporary_environ, temporary_settings
 from sandbox.demo_scenarios import DISPUTES, MODEL_SCRIPT, SCENARIOS, dispute_ids, generation_ids, invoice_id
 from sandbox.demo_server import sandbox_server
@@ -102,7 +102,13 @@ def seed_demo(
             _refuse_foreign_faults()
         if settings.DEBUG:
             for role in ROLES:
-                create_operator(username=role, group=role, password=role)
+                create_operator(
+                    username=role,
+                    group=role,
+                    password=demo_logins.demo_password(),
+                    actor=Actor.command("seed_demo"),
+                    reason=demo_logins.REASON,
+                )
         terminated = tasks_done = 0
         if pending or disputes:
             supervisor = _supervisor(username)

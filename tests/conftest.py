@@ -53,20 +53,31 @@ def postgres_only():
 def _flushable_audit():
     """A transactional test ends with a flush: on SQLite a DELETE of every row, on PostgreSQL a
     TRUNCATE; the audit table's append-only triggers refuse both. Lift that one trigger for the
-    flush only."""
+    flush only (and the account events' likewise)."""
     from django.db import connections
     from django.test import TransactionTestCase
 
+    from recovery import accounts
     from recovery.engine.audit import chain as audit_chain
 
     original = TransactionTestCase._fixture_teardown
     table = audit_chain.TABLE
+    # (lift, restore) per engine; the account events (recovery.accounts) are append-only too.
     lift = {
-        "sqlite": ("DROP TRIGGER IF EXISTS recovery_audit_no_delete", audit_chain.SQLITE_NO_DELETE),
-        "postgresql": (
-            f"ALTER TABLE {table} DISABLE TRIGGER recovery_audit_no_truncate",
-            f"ALTER TABLE {table} ENABLE TRIGGER recovery_audit_no_truncate",
-        ),
+        "sqlite": [
+            ("DROP TRIGGER IF EXISTS recovery_audit_no_delete", audit_chain.SQLITE_NO_DELETE),
+            ("DROP TRIGGER IF EXISTS recovery_account_no_delete", accounts.SQLITE_NO_DELETE),
+        ],
+        "postgresql": [
+            (
+                f"ALTER TABLE {table} DISABLE TRIGGER recovery_audit_no_truncate",
+                f"ALTER TABLE {table} ENABLE TRIGGER recovery_audit_no_truncate",
+            ),
+            (
+                f"ALTER TABLE {accounts.TABLE} DISABLE TRIGGER recovery_account_no_truncate",
+                f"ALTER TABLE {accounts.TABLE} ENABLE TRIGGER recovery_account_no_truncate",
+            ),
+        ],
     }
 
     def teardown(self):
@@ -74,13 +85,15 @@ def _flushable_audit():
         engines = [c for c in engines if c.alias == "default" and c.vendor in lift]
         for c in engines:
             with c.cursor() as cursor:
-                cursor.execute(lift[c.vendor][0])
+                for statement, _ in lift[c.vendor]:
+                    cursor.execute(statement)
         try:
             original(self)
         finally:
             for c in engines:
                 with c.cursor() as cursor:
-                    cursor.execute(lift[c.vendor][1])
+                    for _, statement in lift[c.vendor]:
+                        cursor.execute(statement)
 
     TransactionTestCase._fixture_teardown = teardown
     yield

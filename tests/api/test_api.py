@@ -260,9 +260,12 @@ def test_a_token_name_is_unique_and_revoking_twice_or_an_unknown_name_is_handled
 
 # --- createoperator ------------------------------------------------------------------------------
 
+# Passwords that pass the validators (tests/test_accounts.py tests the refusals).
+FIRST, SECOND = "correct horse battery", "staple gun of the night"
+
 
 def test_createoperator_generates_and_prints_a_password_when_not_on_a_terminal():
-    line = run_cmd("createoperator", "olga", "--group", "operator")
+    line = run_cmd("createoperator", "olga", "--group", "operator", "--reason", "new on the night shift")
     assert line.startswith("created 'olga' in group operator; password: ")
     password = line.rsplit(" ", 1)[1]
     user = get_user_model().objects.get(username="olga")
@@ -271,13 +274,13 @@ def test_createoperator_generates_and_prints_a_password_when_not_on_a_terminal()
 
 
 def test_createoperator_updates_a_user_into_exactly_one_role_and_keeps_other_groups():
-    run_cmd("createoperator", "olga", "--group", "operator", "--password", "first")
+    run_cmd("createoperator", "olga", "--group", "operator", "--password", FIRST, "--reason", "hired")
     user = get_user_model().objects.get(username="olga")
     user.groups.add(Group.objects.create(name="finance"))
-    line = run_cmd("createoperator", "olga", "--group", "supervisor", "--password", "second")
+    line = run_cmd("createoperator", "olga", "--group", "supervisor", "--password", SECOND, "--reason", "promoted")
     assert line == "updated 'olga' in group supervisor"  # a given password is never printed
     user.refresh_from_db()
-    assert user.check_password("second")
+    assert user.check_password(SECOND)
     assert sorted(user.groups.values_list("name", flat=True)) == ["finance", "supervisor"]
     assert get_user_model().objects.count() == 1
 
@@ -285,10 +288,11 @@ def test_createoperator_updates_a_user_into_exactly_one_role_and_keeps_other_gro
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["olga", "--group", "admin"], "invalid choice"),
-        (["olga"], "--group"),
-        (["olga", "--group", "viewer", "--password", ""], "must not be empty"),
-        (["not a name!", "--group", "viewer", "--password", "x"], "invalid username"),
+        (["olga", "--group", "admin", "--reason", "r"], "invalid choice"),
+        (["olga", "--reason", "r"], "--group"),
+        (["olga", "--group", "viewer", "--password", FIRST], "--reason"),
+        (["olga", "--group", "viewer", "--password", "", "--reason", "r"], "must not be empty"),
+        (["not a name!", "--group", "viewer", "--password", FIRST, "--reason", "r"], "invalid username"),
     ],
 )
 def test_createoperator_refuses_bad_input_and_writes_nothing(args, message):

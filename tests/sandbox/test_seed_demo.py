@@ -23,6 +23,7 @@ from recovery import counts, testing
 from recovery.engine import transitions
 from recovery.errors import InvalidTransition
 from recovery.models import (
+    AccountEvent,
     AuditEvent,
     DecisionState,
     ModelDecision,
@@ -34,7 +35,7 @@ from recovery.models import (
     WorkflowRun,
 )
 from recovery.workflow import get_workflow
-from sandbox import demo, demo_player, demo_seed, faults
+from sandbox import demo, demo_logins, demo_player, demo_seed, faults
 from sandbox.management.commands.seed_demo import DISPUTES, SCENARIOS, sandbox_server
 from sandbox.models import Fault, LedgerEntry, Message, MessageKind, Task, TaskStatus
 from tests.support.engine import subprocess_env
@@ -202,16 +203,22 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     assert all(r.created_at <= timezone.now() and not r.lease_owner for r in WorkflowRun.objects.all())
     assert StepExecution.objects.filter(state=StepState.RUNNING).count() == 0
 
+    password = demo_logins.demo_password()  # generated once per checkout: it passes the validators
     for role in ("viewer", "operator", "supervisor"):
         user = get_user_model().objects.get(username=role)
-        assert user.check_password(role) and user.groups.filter(name=role).exists()
+        assert user.check_password(password) and user.groups.filter(name=role).exists()
+        assert not user.check_password(role)
+    created = AccountEvent.objects.filter(via="seed_demo", action="created")
+    assert sorted(created.values_list("username", "after")) == [(r, r) for r in ("operator", "supervisor", "viewer")]
 
     before = sandbox_objects()
     events = AuditEvent.objects.count()
+    account_events = AccountEvent.objects.count()
     line = seed()
     assert f"({RUNS} new)" not in line and "(0 new)" in line
     assert WorkflowRun.objects.count() == RUNS
     assert AuditEvent.objects.count() == events
+    assert AccountEvent.objects.count() == account_events  # nothing changed, nothing recorded
     assert sandbox_objects() == before
 
 
