@@ -7,6 +7,7 @@ from io import StringIO
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.checks import run_checks
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
@@ -84,3 +85,13 @@ def test_seed_demo_with_the_demo_off_seeds_on_purpose_with_its_flag(settings):
     with pytest.raises(CommandError, match="1 armed fault"):
         call_command("seed_demo", "--allow-outside-demo", "--sandbox-url", "http://127.0.0.1:9", stdout=StringIO())
     assert not WorkflowRun.objects.exists()
+
+
+def test_check_deploy_warns_when_a_production_deployment_has_the_demo_on(settings):
+    settings.DEBUG = False
+    settings.RECOVERY_DEMO = True
+    warned = [m for m in run_checks(include_deployment_checks=True) if m.id == "sandbox.W001"]
+    assert len(warned) == 1 and "RECOVERY_DEMO is on with DJANGO_DEBUG off" in warned[0].msg
+    assert not [m for m in run_checks() if m.id == "sandbox.W001"]  # a deployment check only
+    settings.RECOVERY_DEMO = False
+    assert not [m for m in run_checks(include_deployment_checks=True) if m.id == "sandbox.W001"]
