@@ -1,11 +1,12 @@
 """Console accounts: who may log in, in which role, and the append-only record of every change.
 
-One function per change (``create_operator``, ``ensure_superuser``), each writing its
-``AccountEvent`` rows in the same transaction as the change, with who made it and why — as Zulip's
-``do_*`` actions write their ``RealmAuditLog``. The admin shows users read-only (recovery.admin):
-these functions, behind ``manage.py createoperator``, are the way to add a user, change a role
-or a password. Every password passes Django's validators (settings.AUTH_PASSWORD_VALIDATORS)
-before anything is written."""
+One function per change (``create_operator``, ``deactivate_operator``, ``ensure_superuser``),
+each writing its ``AccountEvent`` rows in the same transaction as the change, with who made it
+and why — as Zulip's ``do_*`` actions write their ``RealmAuditLog``. The admin shows users
+read-only (recovery.admin): these functions, behind ``manage.py createoperator`` and
+``deactivateoperator``, are the way to add a user, change a role or a password, or shut an
+account. Every password passes Django's validators (settings.AUTH_PASSWORD_VALIDATORS) before
+anything is written."""
 
 from __future__ import annotations
 
@@ -180,6 +181,25 @@ def create_operator(
         user.groups.add(role)
         events = _record(username, changes, actor=actor, reason=reason)
     return user, created, events
+
+
+def deactivate_operator(*, username: str, actor: Actor, reason: str) -> list[AccountEvent]:
+    """Make ``username`` inactive: it can no longer log in, and its open sessions end at their
+    next request (Django refuses an inactive user's session). One AccountEvent (its role
+    before), none if it was inactive already. Raises ValueError for an unknown user or a bad
+    reason, writing nothing then."""
+    reason = _reason(reason)
+    User = get_user_model()
+    with transaction.atomic():
+        user = User.objects.select_for_update().filter(**{User.USERNAME_FIELD: username}).first()
+        if user is None:
+            raise ValueError(f"no user {username!r}")
+        if not user.is_active:
+            return []
+        user.is_active = False
+        user.save(update_fields=["is_active"])
+        role = "superuser" if user.is_superuser else _role(user)
+        return _record(username, [(AccountAction.DEACTIVATED, role, "")], actor=actor, reason=reason)
 
 
 def ensure_superuser(

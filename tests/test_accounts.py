@@ -102,6 +102,23 @@ def test_every_change_is_recorded_with_who_and_why_and_nothing_when_nothing_chan
     assert "new long" not in " ".join(str(e) for e in AccountEvent.objects.all())  # no password in the record
 
 
+def test_deactivateoperator_ends_logins_and_sessions_and_is_recorded_once():
+    createoperator("olga", "--group", "operator", "--password", GOOD, "--reason", "hired")
+    session = Client()
+    session.force_login(get_user_model().objects.get(username="olga"))
+    assert session.get("/").status_code == 200
+    out = StringIO()
+    call_command("deactivateoperator", "olga", "--reason", "left the company", "--by", "sam", stdout=out)
+    assert out.getvalue().strip() == "deactivated 'olga'"
+    assert session.get("/").status_code == 302  # the open session ends at its next request
+    assert Client().post("/login/", {"username": "olga", "password": GOOD}).status_code == 200
+    call_command("deactivateoperator", "olga", "--reason", "again", stdout=StringIO())
+    assert events()[1:] == [("sam", "deactivateoperator", "olga", "deactivated", "operator", "")]
+    with pytest.raises(CommandError, match="no user 'nobody'; nothing was changed"):
+        call_command("deactivateoperator", "nobody", "--reason", "typo", stdout=StringIO())
+    assert AccountEvent.objects.count() == 2
+
+
 def test_account_events_lists_the_changes_with_control_characters_escaped():
     createoperator("olga", "--group", "operator", "--password", GOOD, "--reason", "hired")
     createoperator("ivan", "--group", "viewer", "--password", GOOD, "--reason", "audit")
