@@ -5,6 +5,7 @@ holds, so a file with a run's first or last events, or a whole run, cut out fail
 
 from __future__ import annotations
 
+import csv
 import json
 from io import StringIO
 from pathlib import Path
@@ -114,11 +115,34 @@ def test_an_export_ends_with_a_trailer_that_verify_checks(two_runs, tmp_path):
             "trailer": "run",
             "workflow_id": run.workflow_id,
             "events": run.audit_events.count(),
-            "last_event_id": last.id,
             "last_hash": last.hash,
         }
     assert total == {"trailer": "total", "runs": 2, "events": AuditEvent.objects.count(), "filters": {}}
     assert verify("--file", str(path))[0] == 0
+
+    # CSV carries the same, in rows of its own columns (told apart by their ``at``).
+    out = StringIO()
+    call_command("export_audit", "--format", "csv", stdout=out)
+    *_, first_row, _, total_row = csv.reader(StringIO(out.getvalue(), newline=""))
+    assert first_row[:2] == ["trailer", two_runs[0].workflow_id] and first_row[11] == first_run["last_hash"]
+    assert json.loads(first_row[8]) == {"events": first_run["events"]}
+    assert total_row[0] == "trailer_total" and json.loads(total_row[8]) == {
+        "events": total["events"],
+        "filters": {},
+        "runs": 2,
+    }
+
+
+def test_a_run_whose_clock_stepped_back_still_verifies(two_runs, tmp_path):
+    """The trailer's last event is the run's last line in the file (export order is by time):
+    an event written after a clock step back comes earlier in the file, and is no false alarm."""
+    run = two_runs[0]
+    first = run.audit_events.order_by("id").first()
+    AuditEvent.objects.create(run=run, at=first.at, actor="executor", action="note", after={})
+    path = tmp_path / "audit.jsonl"
+    export(path)
+    assert verify("--file", str(path))[0] == 0
+    assert verify()[0] == 0
 
 
 @pytest.mark.parametrize("cut", ["first", "last", "run", "run_and_its_trailer", "trailer"])

@@ -400,7 +400,7 @@ def _counted(
     for event in events:
         count.events += 1
         row = _as_row(event)
-        add(_neutralise_formula(row.workflow_id) if csv_format else row.workflow_id, row.id, row.hash)
+        add(_neutralise_formula(row.workflow_id) if csv_format else row.workflow_id, row.hash)
         yield row
 
 
@@ -526,8 +526,8 @@ def _copied_chunks(filters: AuditFilters, chunk_chars: int, count: ExportCount, 
 def _copied_text(rows: list[Any], csv_format: bool, count: ExportCount, tally: Tally) -> str:
     """COPY's rows (one message each, LF-terminated) as the export's text."""
     count.events += len(rows)
-    tally.add_copied_rows(rows, csv_format)
     data = b"".join(rows)
+    tally.add_copied(data, rows, csv_format)
     if csv_format and data.count(b"\n") != len(rows):
         data = b"".join(bytes(row[:-1]) + b"\r\n" for row in rows)  # a cell holds a LF
     elif csv_format:
