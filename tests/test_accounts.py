@@ -76,6 +76,15 @@ def test_createoperator_needs_a_reason_and_writes_nothing_without_one(reason):
     assert not get_user_model().objects.exists() and not AccountEvent.objects.exists()
 
 
+def test_createoperator_without_reason_keeps_working_for_scripts_and_says_so(monkeypatch):
+    # SPEC §6: `createoperator USER --group G [--password P]`, as runbooks call it.
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    assert createoperator("olga", "--group", "viewer", "--password", GOOD) == "created 'olga' in group viewer"
+    event = AccountEvent.objects.get()
+    assert (event.action, event.reason) == ("created", "no reason given (createoperator without --reason)")
+    assert event.actor == accounts.os_user()
+
+
 def test_every_change_is_recorded_with_who_and_why_and_nothing_when_nothing_changed():
     os_user = accounts.os_user()
     createoperator("olga", "--group", "operator", "--password", GOOD, "--reason", "hired for the night shift")

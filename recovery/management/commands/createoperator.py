@@ -9,6 +9,8 @@ from recovery.management.base import RecoveryCommand
 
 __all__ = ["ROLES", "Command", "create_operator"]
 
+NO_REASON = "no reason given (createoperator without --reason)"
+
 
 class Command(RecoveryCommand):
     help = (
@@ -20,10 +22,17 @@ class Command(RecoveryCommand):
         parser.add_argument("username")
         parser.add_argument("--group", required=True, choices=ROLES, help="the user's role")
         parser.add_argument("--password", help="the password (default: prompt on a terminal, else generate one)")
-        parser.add_argument("--reason", required=True, help="why (recorded with every change to the account)")
+        parser.add_argument(
+            "--reason",
+            help=f"why (recorded with every change to the account; default: prompt on a terminal, else {NO_REASON!r})",
+        )
         parser.add_argument("--by", help="who asks for the change (recorded beside the OS user; default: the OS user)")
 
     def handle(self, *args, username, group, password, reason, by, **options):
+        if reason is None:
+            # SPEC §6 keeps `createoperator USER --group G [--password P]` working for scripts: the
+            # change is still recorded, with who ran it, and says that no reason was given.
+            reason = input("Reason: ") if sys.stdin.isatty() else NO_REASON
         generated = False
         if password is None:
             if sys.stdin.isatty():
