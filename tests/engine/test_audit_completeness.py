@@ -275,3 +275,34 @@ def test_a_cut_or_foreign_anchors_file_is_refused_with_one_line(two_runs, tmp_pa
     with pytest.raises(CommandError, match="--anchors takes no --since"):
         call_command("export_audit", "--anchors", "--since", "2026-01-01", stdout=StringIO())
     assert RunState.COMPLETED == two_runs[0].state
+
+
+# --- a CSV export verifies too -----------------------------------------------------------
+
+
+def test_a_csv_export_verifies_and_a_cut_one_does_not(two_runs, tmp_path):
+    run = two_runs[0]
+    # Cells the export neutralises with a leading ' (and one stored with a leading ' already,
+    # which reads the same): the events' hashes tell the readings apart.
+    for reason, before in (("=SUM(A1)", -1), ("'=already quoted", {"a": "\r\n"}), ("\tcmd", "@x")):
+        AuditEvent.objects.create(
+            run=run, at=run.updated_at, actor="-olga", action="note", reason=reason, before=before
+        )
+    path = tmp_path / "audit.csv"
+    call_command("export_audit", "--format", "csv", "--output", str(path), stdout=StringIO())
+    text = path.read_bytes().decode()
+    assert "'=SUM(A1)" in text and "''=already quoted" not in text
+
+    code, out, err = verify("--file", str(path))
+    assert (code, err) == (0, "") and f"{AuditEvent.objects.count()} events in 2 runs" in out
+
+    rows = text.split("\r\n")
+    last_of_run = max(i for i, row in enumerate(rows) if row.startswith("20") and f",{run.workflow_id}," in row)
+    path.write_text("\r\n".join(rows[:last_of_run] + rows[last_of_run + 1 :]), newline="")
+    code, _, err = verify("--file", str(path))
+    assert code == 1 and f"run {run.workflow_id}: the export holds" in err
+
+    edited = text.replace("'=SUM(A1)", "'=SUM(A2)")
+    path.write_text(edited, newline="")
+    code, _, err = verify("--file", str(path))
+    assert code == 1 and "its content does not match its hash" in err

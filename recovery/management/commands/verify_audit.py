@@ -5,6 +5,7 @@ from django.core.management.base import CommandError
 
 from recovery.engine.audit import anchors as audit_anchors
 from recovery.engine.audit import chain as audit_chain
+from recovery.engine.audit import reading as audit_reading
 from recovery.engine.audit import trailer as audit_trailer
 from recovery.management.base import RecoveryCommand
 from recovery.models import WorkflowRun
@@ -12,7 +13,7 @@ from recovery.models import WorkflowRun
 
 class Command(RecoveryCommand):
     help = (
-        "Walk every run's audit hash chain (or one run's, or a JSON Lines export's) and check that each trail is "
+        "Walk every run's audit hash chain (or one run's, or an export's) and check that each trail is "
         "whole: every run has events, starts with its start and ends in its state; an export matches its trailer; "
         "with --anchors, every anchored run still holds its anchored last event. Exits 0 when all hold, 1 otherwise."
     )
@@ -21,7 +22,7 @@ class Command(RecoveryCommand):
         parser.add_argument("--run", help="one run, by workflow id")
         parser.add_argument(
             "--file",
-            help="verify a JSON Lines export (export_audit --format jsonl) instead of the database: its chains "
+            help="verify an export (export_audit, JSON Lines or CSV) instead of the database: its chains "
             "and its trailer (a period's export: a run's events before its first are taken as given)",
         )
         parser.add_argument(
@@ -44,7 +45,7 @@ class Command(RecoveryCommand):
             raise CommandError("--without-trailer goes with --file")
         note = ""
         if file is not None:
-            export = _read(Path(file), audit_trailer.read_jsonl)
+            export = _read(Path(file), audit_reading.read_export)
             result = audit_trailer.verify_export(export, run=run, trailer=not without_trailer)
             if without_trailer and export.total is None:
                 note = " (no trailer: whether events were cut from the file is not checked)"
@@ -69,7 +70,7 @@ class Command(RecoveryCommand):
 
 def _read(path: Path, read):
     try:
-        with path.open(encoding="utf-8") as lines:
+        with path.open(encoding="utf-8", newline="") as lines:  # CSV: a CR or LF inside a quoted cell stays
             return read(lines)
     except OSError as exc:
         raise CommandError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
