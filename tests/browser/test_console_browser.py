@@ -109,10 +109,16 @@ def test_the_audit_export_downloads_and_parses(page_as, clock):
     with page.expect_download() as download:
         page.get_by_role("link", name="CSV").last.click()
     content = Path(download.value.path()).read_text()
-    rows = list(csv.DictReader(io.StringIO(content)))
+    *rows, trailer, total = csv.DictReader(io.StringIO(content))  # the trailer: the run's row, the total's
     assert rows and {r["workflow_id"] for r in rows} == {run.workflow_id}
     assert rows[0]["action"] == "start"
     assert len(rows) == AuditEvent.objects.filter(run=run).count()
+    assert (trailer["at"], trailer["workflow_id"], trailer["after"]) == (
+        "trailer",
+        run.workflow_id,
+        f'{{"events":{len(rows)}}}',
+    )
+    assert total["at"] == "trailer_total"
 
 
 def test_supervisor_changes_a_refused_decision_in_the_json_form_and_the_run_completes_once(page_as, clock):
