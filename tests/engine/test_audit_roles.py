@@ -77,6 +77,7 @@ def test_the_runtime_role_reads_and_appends_the_trail_and_can_do_nothing_else_to
             assert "must be owner" in refused(app, f"ALTER TABLE {AUDIT} DISABLE TRIGGER recovery_audit_append_only")
             assert "must be owner" in refused(app, f"DROP TABLE {AUDIT}")
             assert "permission denied" in refused(app, "DELETE FROM django_migrations")
+            assert "permission denied" in refused(app, "DELETE FROM recovery_accountevent")  # append-only too
 
         with as_role(owner, "owner-pw") as owner_conn:  # the owner migrates: it may create tables ...
             owner_conn.execute("CREATE TABLE rc_test_later (id serial PRIMARY KEY, note text)")

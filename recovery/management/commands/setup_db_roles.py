@@ -6,7 +6,8 @@ database roles (PostgreSQL), created or brought up to date — run it again afte
 - The **runtime** role is what the console, the executors and the workers connect as: it may
   read and write the engine's tables (``SELECT, INSERT, UPDATE, DELETE``; ``USAGE, SELECT`` on
   sequences), but only ``SELECT`` and ``INSERT`` on the audit trail (``recovery_auditevent``) and
-  only ``SELECT`` on ``django_migrations``. It owns nothing, so it can neither ``TRUNCATE`` nor
+  the account changes' trail (``recovery_accountevent``), and only ``SELECT`` on
+  ``django_migrations``. It owns nothing, so it can neither ``TRUNCATE`` nor
   disable the audit table's triggers. Default privileges grant it the same on every table the
   owner creates later; a migration that creates the audit table again would give it full rights
   there, which the next ``setup_db_roles`` takes back.
@@ -30,12 +31,14 @@ from collections.abc import Callable
 from django.core.management.base import CommandError
 from django.db import connections, transaction
 
+from recovery.accounts import TABLE as ACCOUNT_TABLE
 from recovery.engine.audit.chain import TABLE as AUDIT_TABLE
 from recovery.management.base import RecoveryCommand
 
 NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 PASSWORD_ENV = {"owner": "RECOVERY_DB_OWNER_PASSWORD", "runtime": "RECOVERY_DB_RUNTIME_PASSWORD"}
 MIGRATIONS_TABLE = "django_migrations"
+APPEND_ONLY = (AUDIT_TABLE, ACCOUNT_TABLE)  # the audit trail, and the accounts' own (recovery.accounts)
 ROLE_OPTIONS = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
 
 
@@ -91,7 +94,7 @@ END $$""",
         f"ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {r}",
         f"ALTER DEFAULT PRIVILEGES FOR ROLE {o} IN SCHEMA public GRANT USAGE, SELECT ON SEQUENCES TO {r}",
     ]
-    for table, kept in ((AUDIT_TABLE, "SELECT, INSERT"), (MIGRATIONS_TABLE, "SELECT")):
+    for table, kept in (*((name, "SELECT, INSERT") for name in APPEND_ONLY), (MIGRATIONS_TABLE, "SELECT")):
         statements += [
             f"DO $$ BEGIN IF to_regclass({_literal('public.' + table)}) IS NOT NULL THEN "
             f"REVOKE ALL ON {table} FROM {r}; GRANT {kept} ON {table} TO {r}; END IF; END $$"
