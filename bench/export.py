@@ -74,6 +74,7 @@ class Cut:
     label: str
     until: datetime | None
     rows: int
+    runs: int = 0  # the runs those events belong to: the export's trailer has a line for each, and a total
 
 
 @dataclass
@@ -105,13 +106,16 @@ def cuts(db_url: str, sizes: list[str]) -> list[Cut]:
         total = conn.execute("SELECT count(*) FROM recovery_auditevent").fetchone()[0]  # type: ignore[index]
         for size in sizes:
             if size == "all" or int(size) >= total:
-                out.append(Cut(f"all ({total:,})", None, total))
+                runs = conn.execute("SELECT count(DISTINCT run_id) FROM recovery_auditevent").fetchone()[0]  # type: ignore[index]
+                out.append(Cut(f"all ({total:,})", None, total, runs))
                 continue
             until = conn.execute(
                 "SELECT at FROM recovery_auditevent ORDER BY at, id OFFSET %s LIMIT 1", (int(size),)
             ).fetchone()[0]  # type: ignore[index]
-            rows = conn.execute("SELECT count(*) FROM recovery_auditevent WHERE at < %s", (until,)).fetchone()[0]  # type: ignore[index]
-            out.append(Cut(f"{int(size):,}", until, rows))
+            rows, runs = conn.execute(
+                "SELECT count(*), count(DISTINCT run_id) FROM recovery_auditevent WHERE at < %s", (until,)
+            ).fetchone()  # type: ignore[misc]
+            out.append(Cut(f"{int(size):,}", until, rows, runs))
     return out
 
 
@@ -125,6 +129,11 @@ def count_lines(chunks: Iterable[bytes]) -> tuple[int, int]:
 
 def data_rows(fmt: str, lines: int) -> int:
     return lines - 1 if fmt == "csv" else lines  # the CSV header
+
+
+def exported_rows(cut: Cut, fmt: str, lines: int) -> int:
+    """An export's events: its lines but the CSV header and the trailer (a line per run, the total)."""
+    return data_rows(fmt, lines) - (cut.runs + 1)
 
 
 def by_copy(db_url: str, cut: Cut, fmt: str) -> Result:
@@ -155,7 +164,7 @@ def by_http(db_url: str, work: Path, user: tuple[str, str], cut: Cut, fmt: str, 
         lines, size = count_lines(session.stream("/audit/export?" + urlencode(export_params(cut, fmt))))
         elapsed = time.perf_counter() - started
         peak = memory_kib(worker, "VmHWM")
-    return Result(cut, "http", fmt, data_rows(fmt, lines), size, elapsed, peak, base)
+    return Result(cut, "http", fmt, exported_rows(cut, fmt, lines), size, elapsed, peak, base)
 
 
 def by_command(db_url: str, cut: Cut, fmt: str, startup: float = 0.0) -> Result:
@@ -171,7 +180,7 @@ def by_command(db_url: str, cut: Cut, fmt: str, startup: float = 0.0) -> Result:
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         raise SystemExit(f"export_audit exited {process.returncode}")
-    return Result(cut, "command", fmt, data_rows(fmt, lines), size, elapsed, usage.ru_maxrss, startup=startup)
+    return Result(cut, "command", fmt, exported_rows(cut, fmt, lines), size, elapsed, usage.ru_maxrss, startup=startup)
 
 
 def mb(kib: int | None) -> str:
