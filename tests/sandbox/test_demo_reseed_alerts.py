@@ -49,11 +49,23 @@ def test_a_run_reserved_for_its_player_is_not_lease_expired_until_the_reservatio
 def test_sweeps_during_a_demo_reset_raise_no_lease_expired_alert(settings, monkeypatch):
     settings.DEBUG = True
     call_command("seed_demo", stdout=StringIO(), stderr=StringIO())
-    swept = []
+    held_swept = set()
     advance, publish = demo_player.advance, demo_player.publish
 
     def sweep():  # what make run's executor does beside the seed, on the real clock
-        swept.append(alerts.sweep(now=timezone.now()))
+        # Only a RUNNING run can be lease_expired: sweep when a run is held in a way no earlier
+        # sweep saw (by whom, reserved until when, its lease past or not by the real clock). A sweep
+        # between two steps of one holding would answer the same (and cost CI about a second).
+        now = timezone.now()
+        held = {
+            (pk, owner, reserved_for, reserved_until, lease_expires_at < now)
+            for pk, owner, reserved_for, reserved_until, lease_expires_at in WorkflowRun.objects.filter(
+                state=RunState.RUNNING
+            ).values_list("pk", "lease_owner", "reserved_for", "reserved_until", "lease_expires_at")
+        }
+        if held - held_swept:
+            held_swept.update(held)
+            alerts.sweep(now=now)
 
     def sweeping_advance(run_pk, *, owner):
         sweep()
@@ -76,10 +88,17 @@ def test_sweeps_during_a_demo_reset_raise_no_lease_expired_alert(settings, monke
     monkeypatch.setattr(failpoints, "hit", sweeping_hit)
     monkeypatch.setattr(demo_player, "advance", sweeping_advance)
     monkeypatch.setattr(demo_player, "publish", sweeping_publish)
+    first_generation = WorkflowRun.objects.order_by("pk").last().pk
+    reset_at = timezone.now()
     out, err = StringIO(), StringIO()
     call_command("seed_demo", "--reset", "--as", "supervisor", stdout=out, stderr=err)
     assert "generation 2" in out.getvalue() and err.getvalue() == ""
-    sweep()
-    assert len(swept) > 20
+    # Every run the reset played on its past clock was swept while held with its lease past by the
+    # real clock (what the old cause counted as lease_expired).
+    played_in_the_past = WorkflowRun.objects.filter(pk__gt=first_generation, created_at__lt=reset_at)
+    swept_while_expired = {pk for pk, owner, reserved_for, reserved_until, past in held_swept if past}
+    assert swept_while_expired == set(played_in_the_past.values_list("pk", flat=True))
+    assert len(swept_while_expired) > 10
+    alerts.sweep(now=timezone.now())  # and once the seed is done
     assert not Alert.objects.filter(cause="lease_expired").exists()
     assert Alert.objects.exists()  # the sweeps did raise the demo's stuck runs' alerts
