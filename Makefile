@@ -37,11 +37,13 @@ run: migrate
 # The whole suite, in TEST_WORKERS processes (pytest-xdist; each has its own test databases). Honours
 # DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/recovery), SANDBOX_DATABASE_URL and
 # CELERY_BROKER_URL; on the embedded default the PostgreSQL-only tests skip with a reason.
+# PYTEST_ARGS go to pytest (.ci/run's SQLite pass deselects the storage-agnostic browser tests).
 TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The whole system under real process death (docs/soak.md): the engine's database on a throwaway
 # PostgreSQL cluster of its own (restarted once), the sandbox's on the server of DATABASE_URL, its

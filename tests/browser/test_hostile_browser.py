@@ -19,6 +19,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True, databases=["default", "sandbox"]),
     needs_chromium,
+    pytest.mark.storage_agnostic,  # markup, scripts, policy, layout: CI runs it on PostgreSQL only
 ]
 
 # Every violation of the policy, and every sign that planted text ran, recorded from the first

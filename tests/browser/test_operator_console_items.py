@@ -493,6 +493,7 @@ class RunsList:
         return self.page.locator("input[name=run]:checked").evaluate_all("(bs) => bs.map((b) => b.value)")
 
 
+@pytest.mark.storage_agnostic
 def test_item6_the_runs_list_keeps_the_checked_runs_and_the_reason_across_its_refresh(page_as, clock, live_server):
     a, b, c = (failed_early(clock, f"sel-{i}") for i in range(3))
     runs = RunsList(page_as("operator"), live_server)
@@ -519,6 +520,7 @@ def test_item6_the_runs_list_keeps_the_checked_runs_and_the_reason_across_its_re
     assert states(a, b) == {a.workflow_id: RunState.FAILED, b.workflow_id: RunState.FAILED}
 
 
+@pytest.mark.storage_agnostic
 def test_item6_a_run_the_operator_unchecked_stays_unchecked_after_the_refresh(page_as, clock, live_server):
     a, b, c = (failed_early(clock, f"unsel-{i}") for i in range(3))
     runs = RunsList(page_as("operator"), live_server)
@@ -532,6 +534,7 @@ def test_item6_a_run_the_operator_unchecked_stays_unchecked_after_the_refresh(pa
     assert runs.checked() == [b.workflow_id], "the refresh checked again a run the operator had unchecked"
 
 
+@pytest.mark.storage_agnostic
 def test_item6_after_select_every_run_an_unchecked_run_and_a_new_run_stay_unchecked_after_the_refresh(
     page_as, clock, live_server
 ):
@@ -663,6 +666,7 @@ def tab_through(page, limit: int = 400) -> list[dict]:
     return seen
 
 
+@pytest.mark.storage_agnostic
 def test_item8_every_timeline_event_is_reachable_by_keyboard_and_operator_actions_are_marked(
     page_as, clock, live_server
 ):
@@ -709,6 +713,7 @@ def test_item8_every_timeline_event_is_reachable_by_keyboard_and_operator_action
     assert AuditEvent.objects.filter(run=run, action="retry", actor="olga").count() == 1
 
 
+@pytest.mark.storage_agnostic
 def test_item8_on_a_run_waiting_for_a_person_the_opened_event_list_and_the_focus_survive_the_refresh(
     page_as, clock, live_server
 ):
@@ -742,6 +747,7 @@ def test_item8_on_a_run_waiting_for_a_person_the_opened_event_list_and_the_focus
 # --- item 9: no dead ends -----------------------------------------------------------------------
 
 
+@pytest.mark.storage_agnostic
 def test_item9_a_refusal_outside_htmx_is_a_console_page_with_a_way_back(page_as, clock, live_server):
     run = failed_early(clock, "refused")
     before = receivers.counts()

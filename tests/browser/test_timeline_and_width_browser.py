@@ -24,6 +24,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True, databases=["default", "sandbox"]),
     needs_chromium,
+    pytest.mark.storage_agnostic,  # markup, scripts, policy, layout: CI runs it on PostgreSQL only
 ]
 
 NARROW = {"width": 820, "height": 900}
