@@ -11,6 +11,15 @@ from tests.support import receivers
 pytest_plugins = ["tests.support.model_server", "tests.support.sandbox_api"]
 
 
+def pytest_configure(config):
+    # CI's SQLite pass deselects these (.ci/run), having run them in its PostgreSQL pass.
+    config.addinivalue_line(
+        "markers",
+        "storage_agnostic: the storage engine CI picks cannot change it (a browser test of what the page "
+        "itself does, or a test that brings its own databases); CI runs it in its PostgreSQL pass only",
+    )
+
+
 @pytest.fixture
 def clock(monkeypatch) -> MovableClock:
     c = MovableClock()
