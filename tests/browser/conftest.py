@@ -26,16 +26,9 @@ needs_chromium = pytest.mark.skipif(
     not shutil.which(CHROMIUM), reason="needs Debian's chromium (apt-get install -y chromium)"
 )
 
-# A browser test of what the page itself does (markup, scripts, the policy, layout, focus), whose
-# data the engine's other tests already read back on both storage engines: CI's SQLite pass
-# deselects it (.ci/run), having run it on PostgreSQL. `make test` runs it everywhere.
-STORAGE_AGNOSTIC = "storage_agnostic"
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", f"{STORAGE_AGNOSTIC}: a browser test the storage engine cannot change; CI runs it on PostgreSQL only"
-    )
+# The browser tests of what the page itself does (markup, scripts, the policy, layout, focus),
+# whose data the engine's other tests read back on both storage engines, are marked
+# storage_agnostic (tests/conftest.py): CI's SQLite pass deselects them. `make test` runs them.
 
 
 @pytest.fixture(scope="module", autouse=True)

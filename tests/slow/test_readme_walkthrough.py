@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytestmark = pytest.mark.slow
+# Its product runs on SQLite files of its own whatever the suite uses: CI runs it once (storage_agnostic).
+pytestmark = [pytest.mark.slow, pytest.mark.storage_agnostic]
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
