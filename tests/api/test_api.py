@@ -290,7 +290,7 @@ def test_createoperator_updates_a_user_into_exactly_one_role_and_keeps_other_gro
     [
         (["olga", "--group", "admin", "--reason", "r"], "invalid choice"),
         (["olga", "--reason", "r"], "--group"),
-        (["olga", "--group", "viewer", "--password", FIRST], "--reason"),
+        (["olga", "--group", "viewer", "--password", FIRST, "--reason", " "], "reason"),
         (["olga", "--group", "viewer", "--password", "", "--reason", "r"], "must not be empty"),
         (["not a name!", "--group", "viewer", "--password", FIRST, "--reason", "r"], "invalid username"),
     ],
