@@ -35,6 +35,7 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = [h.strip() for h in env("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")]
 
 INSTALLED_APPS = [
+    "recovery.closed_commands",  # before django.contrib.auth: closes its createsuperuser and changepassword
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

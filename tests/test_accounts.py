@@ -216,3 +216,20 @@ def test_demo_login_sets_a_password_that_passes_the_validators_and_records_it_on
     assert events() == [(accounts.os_user(), "demo_login", "demo", "created", "", "superuser")]
     call_command("demo_login", stdout=StringIO())
     assert AccountEvent.objects.count() == 1  # the same password again: nothing changed
+
+
+@pytest.mark.parametrize(
+    "command,args",
+    [
+        ("createsuperuser", ["--username", "mallory", "--email", "m@example.com", "--noinput"]),
+        ("changepassword", ["olga"]),
+    ],
+)
+def test_djangos_unrecorded_account_commands_are_closed(command, args, monkeypatch):
+    # A superuser counts as a supervisor; Django's commands set passwords with no AccountEvent.
+    createoperator("olga", "--group", "operator", "--password", GOOD, "--reason", "hired")
+    before = (list(get_user_model().objects.values_list("username", "password", "is_superuser")), events())
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", "a long enough passphrase")
+    with pytest.raises(CommandError, match="use createoperator"):
+        call_command(command, *args, stdout=StringIO(), stderr=StringIO())
+    assert (list(get_user_model().objects.values_list("username", "password", "is_superuser")), events()) == before
