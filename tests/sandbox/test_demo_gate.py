@@ -69,7 +69,7 @@ def test_with_the_demo_on_a_supervisor_has_the_page_its_link_and_its_actions(set
 
 
 def test_seed_demo_with_the_demo_off_refuses_in_one_line_and_writes_nothing(settings):
-    settings.RECOVERY_DEMO = False
+    settings.RECOVERY_DEMO, settings.DEBUG = False, False  # production; a bare seed_demo still works under DEBUG
     with pytest.raises(CommandError) as refused:
         call_command("seed_demo", stdout=StringIO(), stderr=StringIO())
     assert "\n" not in str(refused.value) and "RECOVERY_DEMO" in str(refused.value)

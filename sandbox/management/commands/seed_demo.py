@@ -51,7 +51,8 @@ class Command(RecoveryCommand):
         "--reset plays them again as new runs (ids ending in -r2, -r3 …) after terminating the unfinished ones "
         "of the previous play and closing their open approval tasks in the simulated tracker (done); nothing is "
         "deleted. Running executors leave the demo runs alone while it plays. "
-        "Refused unless the demo is on (RECOVERY_DEMO=1, as make run sets it) or --allow-outside-demo is given."
+        "In production (DJANGO_DEBUG=0), refused unless the demo is on (RECOVERY_DEMO=1) or --allow-outside-demo "
+        "is given."
     )
 
     def add_arguments(self, parser):
@@ -81,10 +82,12 @@ class Command(RecoveryCommand):
         )
 
     def handle(self, *args, sandbox_url, reset, username, allow_outside_demo, **options):
-        if not settings.RECOVERY_DEMO and not allow_outside_demo:
+        # SPEC §6 keeps a bare `seed_demo` working where people develop (DJANGO_DEBUG, the default);
+        # a production database is filled with demo runs only on purpose.
+        if not settings.DEBUG and not settings.RECOVERY_DEMO and not allow_outside_demo:
             raise CommandError(
-                "seed_demo: the demo is off (RECOVERY_DEMO is not set): set RECOVERY_DEMO=1 where you run the demo, "
-                "or pass --allow-outside-demo to seed this database on purpose"
+                "seed_demo: the demo is off in production (DJANGO_DEBUG=0 and RECOVERY_DEMO is not set): set "
+                "RECOVERY_DEMO=1 where you run the demo, or pass --allow-outside-demo to seed this database on purpose"
             )
         try:
             seeded = seed_demo(sandbox_url=sandbox_url, warn=self.stderr.write, reset=reset, username=username)
