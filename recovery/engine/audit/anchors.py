@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from django.db import connection as default_connection
 
 from recovery import clock
-from recovery.engine.audit.chain import RUN_TABLE, TABLE, Verification, at_text
+from recovery.engine.audit.chain import RUN_TABLE, TABLE, Verification, at_text, run_batches
 
 _json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -44,17 +44,8 @@ def stored_anchors(*, run: str | None = None, runs_per_batch: int = 1000, connec
     """Every run's anchor (runs without events have none), in run order."""
     connection = connection or default_connection
     quote = connection.ops.quote_name
-    last = 0
-    where = "r.workflow_id = %s" if run is not None else "r.id > %s"
-    while True:
+    for ids in run_batches(run=run, runs_per_batch=runs_per_batch, connection=connection):
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT r.id FROM {quote(RUN_TABLE)} AS r WHERE {where} ORDER BY r.id LIMIT %s",
-                [run if run is not None else last, runs_per_batch],
-            )
-            ids = [row[0] for row in cursor.fetchall()]
-            if not ids:
-                return
             cursor.execute(
                 f"""SELECT r.workflow_id, c.n, e.id, e.hash
                 FROM (SELECT run_id, count(*) AS n, max(id) AS last FROM {quote(TABLE)}
@@ -66,9 +57,6 @@ def stored_anchors(*, run: str | None = None, runs_per_batch: int = 1000, connec
             rows = cursor.fetchall()
         for workflow_id, count, last_id, digest in rows:
             yield Anchor(workflow_id, count, last_id, digest)
-        if run is not None or len(ids) < runs_per_batch:
-            return
-        last = ids[-1]
 
 
 def anchor_lines(anchors: Iterable[Anchor]) -> Iterator[str]:

@@ -211,23 +211,33 @@ class StoredRun:
     events: list[Event]
 
 
+def run_batches(*, run: str | None = None, runs_per_batch: int = 1000, connection=None) -> Iterator[list[int]]:
+    """The ids of every run (or of the one named ``run``), in id order, a batch at a time."""
+    connection = connection or default_connection
+    where = "r.workflow_id = %s" if run is not None else "r.id > %s"
+    last = 0
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT r.id FROM {connection.ops.quote_name(RUN_TABLE)} AS r WHERE {where} ORDER BY r.id LIMIT %s",
+                [run if run is not None else last, runs_per_batch],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            yield ids
+        if not ids or run is not None or len(ids) < runs_per_batch:
+            return
+        last = ids[-1]
+
+
 def stored_runs(*, run: str | None = None, runs_per_batch: int = 1000, connection=None) -> Iterator[StoredRun]:
     """Every run (or one) with its events in chain order, runs without events included, a
     batch of runs at a time (memory stays flat; each batch reads its runs' events through the
     (run, id) index)."""
     connection = connection or default_connection
     quote = connection.ops.quote_name
-    last = 0
-    where = "r.workflow_id = %s" if run is not None else "r.id > %s"
-    while True:
+    for ids in run_batches(run=run, runs_per_batch=runs_per_batch, connection=connection):
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT r.id FROM {quote(RUN_TABLE)} AS r WHERE {where} ORDER BY r.id LIMIT %s",
-                [run if run is not None else last, runs_per_batch],
-            )
-            ids = [row[0] for row in cursor.fetchall()]
-            if not ids:
-                return
             cursor.execute(
                 f"""SELECT r.id, r.state, e.id, e.at, r.workflow_id, r.workflow_name, e.step_name, e.actor, e.action,
                     e.reason, CAST(e.before AS text), CAST(e.after AS text), e.prev_hash, e.hash
@@ -244,9 +254,6 @@ def stored_runs(*, run: str | None = None, runs_per_batch: int = 1000, connectio
             if pk is not None:
                 stored.events.append(Event(pk, (at_text(at), workflow_id, *values), prev_hash, hash_))
         yield from runs.values()
-        if run is not None or len(ids) < runs_per_batch:
-            return
-        last = ids[-1]
 
 
 def stored_chains(*, run: str | None = None, runs_per_batch: int = 1000, connection=None) -> Iterator[list[Event]]:
