@@ -156,11 +156,7 @@ def create_operator(
     except ValidationError as exc:
         raise ValueError(f"invalid username {username!r}: {' '.join(exc.messages)}") from None
     with transaction.atomic():
-        user = User.objects.select_for_update().filter(**{User.USERNAME_FIELD: username}).first()
-        created = user is None
-        if created:
-            user = User(**{User.USERNAME_FIELD: username})
-        check_password_strength(password, user=user)
+        user, created = _locked_user(username, password)
         changes: list[tuple[str, str, str]] = []
         if created:
             changes.append((AccountAction.CREATED, "", group))
@@ -181,6 +177,18 @@ def create_operator(
         user.groups.add(role)
         events = _record(username, changes, actor=actor, reason=reason)
     return user, created, events
+
+
+def _locked_user(username: str, password: str) -> tuple[AbstractBaseUser, bool]:
+    """``username``'s user, locked until the transaction ends, or a new unsaved one (and True);
+    ValueError if ``password`` is too weak for it."""
+    User = get_user_model()
+    user = User.objects.select_for_update().filter(**{User.USERNAME_FIELD: username}).first()
+    created = user is None
+    if created:
+        user = User(**{User.USERNAME_FIELD: username})
+    check_password_strength(password, user=user)
+    return user, created
 
 
 def deactivate_operator(*, username: str, actor: Actor, reason: str) -> list[AccountEvent]:
@@ -210,13 +218,8 @@ def ensure_superuser(
     per change, none when nothing changed. Raises ValueError for a weak password or a bad
     reason, writing nothing then."""
     reason = _reason(reason)
-    User = get_user_model()
     with transaction.atomic():
-        user = User.objects.select_for_update().filter(**{User.USERNAME_FIELD: username}).first()
-        created = user is None
-        if created:
-            user = User(**{User.USERNAME_FIELD: username})
-        check_password_strength(password, user=user)
+        user, created = _locked_user(username, password)
         changes: list[tuple[str, str, str]] = []
         if created:
             changes.append((AccountAction.CREATED, "", "superuser"))

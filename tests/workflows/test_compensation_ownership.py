@@ -52,6 +52,13 @@ def two_tenants(clock) -> tuple[WorkflowRun, WorkflowRun, str]:
     return theirs, mine, entry.public_id
 
 
+def recover_compensate(run, who: str, *, reason: str = "duplicate", step: str | None = "post_ledger_entry") -> None:
+    """``manage.py recover compensate`` as ``who`` (the step's alone unless ``step`` is None)."""
+    where = ["--step", step] if step else []
+    call_command("recover", "compensate", run.workflow_id, *where, "--reason", reason, "--as", person(who).username,
+                 stdout=StringIO())  # fmt: skip
+
+
 def test_a_supervisors_compensation_never_reverses_another_tenants_entry_named_by_the_run(clock):
     theirs, mine, foreign = two_tenants(clock)
     sam = login("supervisor")
@@ -74,18 +81,7 @@ def test_a_supervisors_compensation_never_reverses_another_tenants_entry_named_b
     assert not AuditEvent.objects.filter(run=mine, action__in=["compensation_begin", "compensation_done"]).exists()
 
     # again from the shell, for that one step: refused again, still nothing reversed
-    call_command(
-        "recover",
-        "compensate",
-        mine.workflow_id,
-        "--step",
-        "post_ledger_entry",
-        "--reason",
-        "try again",
-        "--as",
-        person("sue").username,
-        stdout=StringIO(),
-    )
+    recover_compensate(mine, "sue", reason="try again")
     mine = drive(mine, clock)
     assert mine.state == RunState.COMPENSATION_FAILED
     assert ledger(theirs) == POSTED and ledger(mine) == POSTED
@@ -95,16 +91,7 @@ def test_a_supervisors_compensation_never_reverses_another_tenants_entry_named_b
 def test_the_runs_own_entry_is_confirmed_and_reversed_exactly_once(clock):
     theirs = drive(start("globex", "GX-1"), clock)
     mine = drive(start("acme", "INV-1"), clock)
-    call_command(
-        "recover",
-        "compensate",
-        mine.workflow_id,
-        "--reason",
-        "duplicate",
-        "--as",
-        person("sam").username,
-        stdout=StringIO(),
-    )
+    recover_compensate(mine, "sam", step=None)
     mine = drive(mine, clock)
     assert mine.state == RunState.COMPENSATED
     assert ledger(mine) == REVERSED and ledger(theirs) == POSTED
@@ -117,18 +104,7 @@ def test_a_ledger_that_cannot_be_asked_gets_nothing_sent_until_it_answers_then_o
     """The check faults (the ledger's GET by id is down): no reversal is sent unconfirmed; the
     compensation is retried like any transient failure and completes once the ledger answers."""
     mine = drive(start("acme", "INV-1"), clock)
-    call_command(
-        "recover",
-        "compensate",
-        mine.workflow_id,
-        "--step",
-        "post_ledger_entry",
-        "--reason",
-        "duplicate",
-        "--as",
-        person("sam").username,
-        stdout=StringIO(),
-    )
+    recover_compensate(mine, "sam")
     faults.set_fault("ledger", "get", "unavailable", times=2)
 
     advance(mine.pk)
@@ -150,18 +126,7 @@ def test_a_ledger_that_cannot_be_asked_gets_nothing_sent_until_it_answers_then_o
 
 def test_a_ledger_that_never_answers_stops_the_compensation_visibly_with_nothing_sent(clock):
     mine = drive(start("acme", "INV-1"), clock)
-    call_command(
-        "recover",
-        "compensate",
-        mine.workflow_id,
-        "--step",
-        "post_ledger_entry",
-        "--reason",
-        "duplicate",
-        "--as",
-        person("sam").username,
-        stdout=StringIO(),
-    )
+    recover_compensate(mine, "sam")
     faults.set_fault("ledger", "get", "unavailable", times=50)
     mine = drive(mine, clock)
     step = mine.steps.get(step_name="post_ledger_entry")
