@@ -173,7 +173,7 @@ def _insert_in_transaction(
 @dataclass(frozen=True)
 class _Event:
     """An event as it is persisted: validated, redacted, with its run's id and input hash, and
-    every hash a repeat of it may find stored (``_same_input``)."""
+    the hashes under SECRET_KEY_FALLBACKS a repeat of it may find stored (``_same_input``)."""
 
     data: dict[str, Any]
     workflow_id: str
@@ -206,7 +206,7 @@ def _event(wf: Workflow, data: Any) -> _Event:
             "(docs/security.md)"
         )
     hashes = input_hashes(raw)
-    return _Event(validated, workflow_id, hashes[0], frozenset([*hashes, payload_hash(validated)]))
+    return _Event(validated, workflow_id, hashes[0], frozenset(hashes))
 
 
 def input_hashes(raw: Any) -> list[str]:
@@ -223,8 +223,9 @@ _INPUT_SALT = "recovery.run-input"
 
 def _same_input(run: WorkflowRun, event: _Event) -> bool:
     """Whether ``event`` repeats the one that started ``run``. A run started before inputs were
-    hashed by key holds the plain hash of its redacted input: it is compared by that."""
-    return run.input_hash in event.repeats
+    hashed by key holds the plain hash of its redacted input: it is compared by that (computed
+    only here, on a repeat, not for every start)."""
+    return run.input_hash in event.repeats or run.input_hash == payload_hash(event.data)
 
 
 def _new_run(wf: Workflow, event: _Event, now: datetime, reserve: tuple[str, datetime] | None) -> WorkflowRun:
