@@ -8,8 +8,6 @@ import contextlib
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django.db import transaction
-
 from recovery.engine import failpoints, transitions
 from recovery.engine.calls import as_outcome, invoke, working_on
 from recovery.engine.plan import Plan, build_intent, load
@@ -51,10 +49,10 @@ def execute_local(
     leaves none made. Returns the error of an attempt of ``step`` that failed — rolled back, so
     it certainly left nothing (never an unknown outcome).
 
-    The group's checkpoints are written together, as one statement at its end
-    (``transitions.one_write``). If by then someone else has saved the run (an operator), or
-    the lease is gone, that statement matches nothing and the whole group rolls back: nothing
-    was made, and the next transition decides on fresh rows.
+    The group's checkpoints are decided on one draft of the run and written together, as one
+    write at its end (``Lease.commit``). If by then someone else has saved the run (an
+    operator), or the lease is gone, that write matches nothing and the whole group rolls back:
+    nothing was made, and the next transition decides on fresh rows.
 
     A follower's failure rolls the whole group back. The steps before it are then made again,
     in a transaction of their own, and its failure is recorded as a single local step's is
@@ -63,13 +61,12 @@ def execute_local(
     failed: _LocalFailure | None = None
     while True:
         try:
-            with transaction.atomic(), transitions.one_write(lease) if len(group) > 1 else contextlib.nullcontext():
+            with lease.atomic():  # a rollback leaves the copy as it was
                 _make_locals(lease, plan, spec, group, ctx, attempt)
             break
-        except transitions.StaleCopy:
-            return None  # nothing made; StaleCopy dropped the copy, the next transition reads afresh
+        except transitions.FenceMiss:
+            return None  # nothing made; the copy is dropped, the next transition reads afresh
         except _RolledBack as rolled_back:
-            lease.seen.clear()  # the copy holds outcomes that were rolled back
             failure = rolled_back.failure
             if failure.index == 0:
                 return _rolled_back_error(failure.error)
@@ -80,9 +77,6 @@ def execute_local(
                 return None  # let go meanwhile
             plan = fresh
             group = [next(s for s in plan.steps if s.step_name == name) for name in names]
-        except BaseException:
-            lease.seen.clear()  # the outcome may have been recorded in the copy and rolled back
-            raise
     for made in group:
         failpoints.hit(made.step_name, "after_outcome")
     if failed is not None:
@@ -118,8 +112,10 @@ def _make_locals(
     attempt: tuple[dict[str, Any], str] | None,
 ) -> None:
     """Make ``group``'s local steps in the caller's transaction (``spec``, ``ctx`` and ``attempt``
-    are the first's), each later step's context built from the outcomes of those before it;
-    raises _RolledBack at the first that fails."""
+    are the first's), each later step's context built from the outcomes of those before it,
+    their checkpoints decided on one draft and written at the end; raises _RolledBack at the
+    first that fails."""
+    draft = transitions.Draft.read(lease)
     for index, step in enumerate(group):
         name = step.step_name
         with (
@@ -145,9 +141,10 @@ def _make_locals(
                 complete_run=plan.is_last(step),
                 spec=spec,
                 attempt=attempt,
+                draft=draft,
             )
-            if made is not step:  # read again under the lock: the next steps' contexts need its outcome
-                plan.steps[plan.steps.index(step)] = made
+            plan.steps[plan.steps.index(step)] = made  # the next steps' contexts need its outcome
+    lease.commit(draft.checkpoints)
 
 
 def _rolled_back_error(error: StepError) -> StepError:

@@ -169,24 +169,26 @@ def checkpoint_many(
     steps: dict[int, dict[str, Any]],
     events: list[dict[str, Any]],
 ) -> bool:
-    """PostgreSQL only: ``checkpoint`` for several steps of one run at once, as one statement —
-    the fenced UPDATE of the run, the UPDATE of each step (``steps``: its id to its values, the
-    same columns for each; all as one JSON parameter, as a start's steps) and the INSERT of the
-    audit events (all with the same columns; chained in this order), each only if the one
-    before matched. False if the fence did not match; then nothing was written."""
+    """PostgreSQL only: ``checkpoint`` for any number of steps of one run at once (none
+    included), as one statement — the fenced UPDATE of the run, the UPDATE of each step
+    (``steps``: its id to its values, the same columns for each; all as one JSON parameter, as
+    a start's steps) and the INSERT of the audit events (all with the same columns; chained in
+    this order), each only if the one before matched. False if the fence did not match; then
+    nothing was written."""
     from recovery.models import StepExecution
 
     connection = connections[DEFAULT_DB_ALIAS]
     run_names = tuple(sorted(run_values))
-    step_names = tuple(sorted(next(iter(steps.values()))))
+    step_names = tuple(sorted(next(iter(steps.values())))) if steps else ()
     audit_names = tuple(sorted(events[0]))
     shape, fence_params = _fence(fence)
     sql, run_fields, step_fields, audit_fields = _checkpoint_many_sql(
         run_names, shape, step_names, audit_names, len(events)
     )
     params = [*_params(connection, run_names, run_fields, run_values), run_pk, *fence_params]
-    rows = [{"id": pk, **values} for pk, values in steps.items()]
-    params.append(_step_rows(((StepExecution._meta.pk, False), *step_fields), rows))
+    if steps:
+        rows = [{"id": pk, **values} for pk, values in steps.items()]
+        params.append(_step_rows(((StepExecution._meta.pk, False), *step_fields), rows))
     for event in events:
         params.extend(_params(connection, audit_names, audit_fields, event))
     with _cursor(connection) as cursor:
@@ -208,14 +210,21 @@ def _checkpoint_many_sql(
     fenced, run_fields, insert, typed, audit_fields = _checkpoint_parts(run_names, fence, audit_names)
     step_fields = _columns(StepExecution, step_names)
     step_table = quote(StepExecution._meta.db_table)
+    values = f"(VALUES {', '.join([f'({typed})'] * events)}) AS e"
+    if not step_names:  # a transition of the run alone
+        return (
+            f"{fenced} {insert} SELECT e.* FROM {values} WHERE EXISTS (SELECT FROM fenced)",
+            run_fields,
+            (),
+            audit_fields,
+        )
     sets = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field, _ in step_fields)
     # As in a start: the events are chained in the order of their VALUES rows.
     sql = (
         f"{fenced}, stepped AS (UPDATE {step_table} AS s SET {sets} "
         f"FROM json_populate_recordset(NULL::{step_table}, CAST(%s AS json)) AS v "
         f'WHERE s."id" = v."id" AND EXISTS (SELECT FROM fenced) RETURNING 1) '
-        f"{insert} SELECT e.* FROM (VALUES {', '.join([f'({typed})'] * events)}) AS e "
-        "WHERE EXISTS (SELECT FROM stepped)"
+        f"{insert} SELECT e.* FROM {values} WHERE EXISTS (SELECT FROM stepped)"
     )
     return sql, run_fields, step_fields, audit_fields
 

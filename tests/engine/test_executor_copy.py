@@ -2,16 +2,16 @@
 executor is the run's only writer, and is dropped the moment anyone else saves the run."""
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from recovery.engine import transitions
 from recovery.engine.audit.chain import stored_chains, verify
 from recovery.engine.executor import advance
-from recovery.engine.transitions import leased_run, run_claim, run_start
+from recovery.engine.transitions import _core, leased_run, run_claim, run_start
 from recovery.engine.transitions._core import _save_run
 from recovery.errors import LeaseLost
-from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
+from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.workflow import Outcome
 from tests.support import receivers
 
@@ -55,23 +55,68 @@ def written_checkpoints(queries) -> list[int]:
     return [q["sql"].count("(CAST(%s") for q in queries.captured_queries if "WITH" in verb(q["sql"])]
 
 
-@pytest.mark.usefixtures("postgres_only")
-def test_held_checkpoints_are_written_as_one_statement_and_a_step_held_twice_writes_the_first_before_the_second():
-    """``one_write``: the one-statement transitions in the block wait for its end and go as one
-    statement, but a step's second transition makes the first be written before it is held
-    (one statement writes each step once); the audit events keep their order."""
+def test_checkpoints_decided_on_one_draft_are_written_as_one_write_and_the_copy_changes_only_after_it():
+    """``Lease.commit`` of a list: on PostgreSQL one statement (the run, each step once, every
+    audit event in order); elsewhere one transaction. Until it is written, the copy is what the
+    executor last wrote."""
     run = start()
     lease = run_claim(run_pk=run.pk)
-    with CaptureQueriesContext(connection) as queries, transaction.atomic(), transitions.one_write(lease):
-        transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
-        assert not [q for q in queries.captured_queries if "WITH" in verb(q["sql"])]  # held, not written
-        transitions.step_succeed(lease=lease, step_name="read", outcome=Outcome(result={"text": "x"}))
-    assert written_checkpoints(queries) == [1, 1]  # begin written when succeed came, then succeed at the end
+    copy = lease.seen["steps"]["read"]
+    draft = transitions.Draft.read(lease)
+    transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h", draft=draft)
+    transitions.step_succeed(lease=lease, step_name="read", outcome=Outcome(result={"text": "x"}), draft=draft)
+    assert lease.seen["steps"]["read"] is copy and copy.state == StepState.PENDING  # decided, not written
+    assert run.steps.get(step_name="read").state == StepState.PENDING
+
+    with CaptureQueriesContext(connection) as queries:
+        lease.commit(draft.checkpoints)
+
+    if connection.vendor == "postgresql":
+        assert written_checkpoints(queries) == [2]
     read = run.steps.get(step_name="read")
     assert (read.state, read.attempts, read.result) == (StepState.SUCCEEDED, 1, {"text": "x"})
+    assert leased_run(lease)[1][0].state == StepState.SUCCEEDED  # now the copy
     actions = list(AuditEvent.objects.filter(run=run).order_by("id").values_list("action", "step_name"))
     assert actions[-2:] == [("step_begin", "read"), ("step_succeed", "read")]
     assert verify(stored_chains(run=run.workflow_id)).broken_runs == 0
+
+
+def test_a_fence_miss_decides_again_on_the_fresh_rows_and_writes_once(clock, monkeypatch):
+    """Someone else saves the run between the executor's decision and its write: the write
+    matches nothing, the run is read again under its lock and the transition decided again on
+    it — one write, one audit event, and the other writer's change stands."""
+    run = start()
+    lease = run_claim(run_pk=run.pk)
+    reads, decisions = [], []
+    real_read, real_decide = transitions.Draft.read, _core._decide
+
+    def read(lease, *, locked=False):
+        draft = real_read(lease, locked=locked)
+        reads.append(locked)
+        if not locked:  # after the executor has read its draft: an operator's note on the run
+            other = WorkflowRun.objects.get(pk=run.pk)
+            other.incident = "ledger answered 502 at 03:12"
+            _save_run(other, ["incident"], clock.now())
+        return draft
+
+    def decide(draft, action, now, body, **kwargs):
+        decisions.append(draft.revision)
+        return real_decide(draft, action, now, body, **kwargs)
+
+    monkeypatch.setattr(transitions.Draft, "read", staticmethod(read))
+    monkeypatch.setattr(_core, "_decide", decide)
+    before = AuditEvent.objects.filter(run=run).count()
+
+    step = transitions.step_begin(lease=lease, step_name="read", intent={}, request_hash="h")
+
+    assert reads == [False, True]  # the copy, then the fresh rows under the lock
+    assert len(decisions) == 2 and decisions[1] == decisions[0] + 1  # decided again on the other's revision
+    assert step.state == StepState.RUNNING and step.attempts == 1
+    assert AuditEvent.objects.filter(run=run).count() == before + 1  # written once
+    fresh = WorkflowRun.objects.get(pk=run.pk)
+    assert fresh.incident == "ledger answered 502 at 03:12"  # not overwritten by the out-of-date copy
+    assert run.steps.get(step_name="read").attempts == 1
+    assert leased_run(lease)[0].revision == fresh.revision  # the copy is the rows as written
 
 
 def test_a_run_saved_by_someone_else_is_read_again_before_the_next_checkpoint(clock):
@@ -183,3 +228,34 @@ def test_prepared_statements_can_be_turned_off_for_a_connection_pooler(postgresq
     connection.close()
     assert advance(start().pk) is not None
     assert _prepared_statements() == []
+
+
+@pytest.mark.django_db(databases=[])  # no database: any query fails the test
+def test_a_transition_is_a_value_decided_without_a_database(clock):
+    """An executor transition decided on a draft reads and writes nothing: its checkpoint holds
+    the fields it changes, its fence and its audit event."""
+    run = WorkflowRun(
+        pk=7,
+        workflow_id="orders:t:1",
+        workflow_name="test_orders",
+        state=RunState.RUNNING,
+        lease_generation=3,
+        revision=11,
+        input={},
+    )
+    read = StepExecution(pk=70, run=run, step_name="read", position=0, idempotency_key="k", updated_at=clock.now())
+    lease = transitions.Lease(run_pk=7, owner="x", generation=3)
+    draft = transitions.Draft(lease, run, {"read": read})
+
+    step = transitions.step_begin(lease=lease, step_name="read", intent={"a": 1}, request_hash="h", draft=draft)
+
+    (checkpoint,) = draft.checkpoints
+    assert checkpoint.fence == {"lease_generation": 3, "revision": 11, "state": transitions.LEASED_RUN_STATES}
+    assert checkpoint.run == {
+        "updated_at": clock.now(),
+        "lease_expires_at": checkpoint.run["lease_expires_at"],
+        "current_step": "read",
+    }
+    assert checkpoint.steps["read"]["state"] == StepState.RUNNING and checkpoint.steps["read"]["attempts"] == 1
+    assert checkpoint.event["action"] == "step_begin" and checkpoint.event["before"]["step"] == StepState.PENDING
+    assert step is not read and read.state == StepState.PENDING  # the copy is untouched

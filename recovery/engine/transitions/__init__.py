@@ -4,10 +4,11 @@ Each one runs in one ``transaction.atomic()``: it locks the run row (always the 
 then its steps), checks the allowed-transitions table, saves with ``update_fields`` and
 writes exactly one audit event with the state before and after. None does network I/O.
 
-Executor transitions take a ``Lease``: they write only while the run's
-``lease_generation`` is still the lease's (a fencing token), so a worker that wakes up after
-another executor took its run over cannot write anything (``LeaseLost``). Each fenced write
-also renews the lease.
+Executor transitions take a ``Lease``: each is decided on a draft of the leased run and
+written as a ``Checkpoint`` by ``Lease.commit`` (recovery.engine.transitions.checkpoints),
+only while the run's ``lease_generation`` is still the lease's (a fencing token) and its
+revision the one decided on, so a worker that wakes up after another executor took its run
+over cannot write anything (``LeaseLost``). Each fenced write also renews the lease.
 
 One module per domain (``tables`` holds the allowed moves, ``_core`` what they share); this
 package re-exports the public transitions: callers write ``transitions.run_resume(...)``.
@@ -15,13 +16,9 @@ package re-exports the public transitions: callers write ``transitions.run_resum
 
 from ._core import (
     RUN_LEASE_FIELDS,
-    Lease,
-    StaleCopy,
     default_owner,
     in_flight_text,
     lease_duration,
-    leased_run,
-    one_write,
     require_reason,
     run_version,
 )
@@ -36,6 +33,7 @@ from .alerts import (
     alert_snooze,
 )
 from .approvals import approval_decide, approval_grant, approval_reject, approval_request
+from .checkpoints import Draft, FenceMiss, Lease, leased_run
 from .compensation import (
     compensation_begin,
     compensation_fail,
@@ -143,7 +141,8 @@ __all__ = [
     "LABELS",
     "LEASED_RUN_STATES",
     "Lease",
-    "StaleCopy",
+    "Draft",
+    "FenceMiss",
     "OutboxClaim",
     "RUN_LEASE_FIELDS",
     "RUN_TRANSITIONS",
@@ -164,7 +163,6 @@ __all__ = [
     "in_flight_text",
     "lease_duration",
     "leased_run",
-    "one_write",
     "needs_approval",
     "outbox_await_settle",
     "outbox_cancel",

@@ -1,48 +1,30 @@
-"""What every transition shares: the lease (the fencing token), row locks, the fenced
-one-statement checkpoint, saving with ``update_fields``, and the audit writer (one event per
+"""What every transition shares: an executor transition decided on a draft of its leased run
+and written as checkpoints (``transition``, recovery.engine.transitions.checkpoints), row locks
+for operators' transitions, saving with ``update_fields``, and the audit writer (one event per
 transition, with the state before and after)."""
 
 from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import connection, transaction
+from django.db import transaction
 
 from recovery import clock, redaction, text
-from recovery.engine import observed, storage
+from recovery.engine import storage
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, StepError
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.workflow import get_workflow, workflow_of
 
-from .tables import EXECUTOR, LEASED_RUN_STATES
-
-
-@dataclass(frozen=True)
-class Lease:
-    """An executor's claim on a run: the fencing token every executor transition checks.
-
-    ``seen`` is the executor's copy of the run and its steps as its own transitions last left
-    them (``leased_run``); it is dropped as soon as a transition finds that someone else has
-    saved the run since (``WorkflowRun.revision``)."""
-
-    run_pk: int
-    owner: str
-    generation: int
-    seen: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-    # The claim took the run over from an executor whose lease expired (it died, or hung):
-    # whatever it was doing may have killed it, so this executor checkpoints every attempt
-    # before making it, local steps included (see executor._execute, local_steps).
-    taken_over: bool = False
+from .checkpoints import Checkpoint, Draft, FenceMiss, Lease, _observed
+from .tables import EXECUTOR
 
 
 def default_owner() -> str:
@@ -102,7 +84,6 @@ def _audit(
     step_name: str = "",
     reason: str = "",
 ) -> None:
-    assert not _holding(), "a transition wrote while one_write held writes"
     who = _actor_fields(actor)
     storage.insert(AuditEvent, _audit_row(run, action, who, step_name, reason, before, after, now))
     _observed(run, action, step_name, after, who["actor"])
@@ -115,19 +96,6 @@ def _audit_many(runs: list[WorkflowRun], action: str, *, actor: AbstractBaseUser
     AuditEvent.objects.bulk_create([AuditEvent(**row) for row in rows])
     for run in runs:
         _observed(run, action, "", _snap(run), who["actor"])
-
-
-def _observed(run: WorkflowRun, action: str, step_name: str, after: dict, actor: str) -> None:
-    """Counted and logged once the transition's transaction commits (recovery.engine.observed)."""
-    observed.transition(
-        workflow_id=run.workflow_id,
-        workflow=run.workflow_name,
-        action=action,
-        step=step_name,
-        after=after,
-        lease_generation=run.lease_generation,
-        actor=actor,
-    )
 
 
 def _audit_row(
@@ -181,93 +149,105 @@ def _history_user(obj: Any, actor: AbstractBaseUser | None) -> None:
 RUN_LEASE_FIELDS = ["state", "lease_owner", "lease_expires_at", "lease_generation", "next_wake_at", "updated_at"]
 
 
-def _locked_run(lease: Lease) -> WorkflowRun:
-    """Lock the run and check the fencing token. Raises LeaseLost if another executor took it.
-
-    The run's row lock is what every writer of the run or of its steps takes first; if the
-    run's revision is the one this executor last wrote, nobody else has changed either since,
-    and ``lease.seen`` stays; otherwise it is dropped."""
-    _write_held()
-    run = WorkflowRun.objects.select_for_update().filter(pk=lease.run_pk).first()
-    if run is None or run.lease_generation != lease.generation or run.state not in LEASED_RUN_STATES:
+def transition[T](lease: Lease, decide: Callable[[Draft], T]) -> T:
+    """An executor transition: ``decide`` on a draft of the leased run (its checkpoints added to
+    the draft), then one write of them (``Lease.commit``). The draft is the executor's copy
+    while it has one; if the fence no longer matches (someone else saved the run), or deciding
+    on the copy raised (perhaps refused by a state someone else has since changed), the run is
+    locked, read again and decided on afresh, once: the decision may be made twice, nothing is
+    written twice. Raises LeaseLost if the lease is gone; nothing is then written."""
+    draft = Draft.read(lease)  # LeaseLost if its copy says the lease is gone
+    try:
+        decided = decide(draft)
+        lease.commit(draft.checkpoints)
+        return decided
+    except FenceMiss:
+        pass  # nothing written, the copy dropped
+    except LeaseLost:
+        raise
+    except Exception:
         lease.seen.clear()
-        raise LeaseLost(f"lease {lease.generation} on run {lease.run_pk} is no longer held")
-    seen = lease.seen.get("run")
-    if seen is None or seen.revision != run.revision:
-        lease.seen.clear()
-    lease.seen["run"] = run  # saved by the transition, it is again what this executor last wrote
-    return run
-
-
-def _locked_step(run: WorkflowRun, step_name: str, lease: Lease | None = None) -> StepExecution:
-    """The step, locked — or, under a lease whose copy is current, that copy: the run's lock,
-    already held, keeps every other writer of the step out."""
-    steps = lease.seen.get("steps") if lease is not None else None
-    step = steps.get(step_name) if steps else None
-    if step is None:
-        step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
-        if steps is not None:
-            steps[step_name] = step
-    step.run = run
-    return step
-
-
-def leased_run(lease: Lease) -> tuple[WorkflowRun, list[StepExecution]] | None:
-    """The run and its steps (in order) as the lease holder sees them: its own copy while it is
-    current, else read again (one statement, one snapshot). None if the lease is lost."""
-    run, steps = lease.seen.get("run"), lease.seen.get("steps")
-    if run is None or steps is None:
-        rows = list(StepExecution.objects.filter(run_id=lease.run_pk).select_related("run").order_by("position", "pk"))
-        if not rows:
-            run = WorkflowRun.objects.filter(pk=lease.run_pk).first()
-            if run is None:
-                return None
-        else:
-            run = rows[0].run
-        lease.seen.update(_copy(run, rows))
-        steps = lease.seen["steps"]
-    if run.lease_generation != lease.generation or run.state not in LEASED_RUN_STATES:
-        return None
-    return run, sorted(steps.values(), key=lambda s: s.order)
+    with transaction.atomic():
+        draft = Draft.read(lease, locked=True)
+        decided = decide(draft)
+        lease.commit(draft.checkpoints)
+        return decided
 
 
 @dataclass
-class _StepChange:
+class _Change:
+    """A transition being decided on a draft: the run and its step (if it is a step's), what
+    the body changes in them (``save_run``, ``save_step``), rows to insert, the audit event's
+    reason and ``extra`` facts for its ``after``."""
+
+    draft: Draft
     run: WorkflowRun
-    step: StepExecution
+    step: StepExecution | None
     now: datetime
     action: str
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    run_fields: set[str] = field(default_factory=set)
+    step_fields: dict[str, set[str]] = field(default_factory=dict)
+    rows: list[Any] = field(default_factory=list)
+
+    def save_run(self, fields: Iterable[str]) -> None:
+        """The run's ``fields`` are written by this checkpoint (its revision bumped, as
+        ``_save_run``'s: see there)."""
+        self.run.updated_at = self.now
+        self.run.revision += 1
+        self.run_fields.update({*fields, "updated_at", "revision"})
+
+    def save_step(self, step: StepExecution, fields: Iterable[str]) -> None:
+        assert self.draft.changed.get(step.step_name) is step, "a checkpoint writes the draft's steps"
+        step.updated_at = self.now
+        self.step_fields.setdefault(step.step_name, set()).update({*fields, "updated_at"})
+
+    def other_step(self, name: str) -> StepExecution:
+        return self.draft.step(name)
+
+    def insert(self, row: Any) -> None:
+        if isinstance(row, StepExecution):
+            self.draft.add(row)
+        self.rows.append(row)
 
 
-@contextmanager
-def _leased_step(lease: Lease, step_name: str, action: str, now: datetime | None) -> Iterator[_StepChange]:
-    """One executor transition of one step: in one transaction, lock the run (fenced by the
-    lease) and then the step, let the body change them, and write the audit event with the
-    state before and after (plus ``change.extra``). An exception writes nothing."""
-    now = now or clock.now()
-    _write_held()
-    try:
-        with transaction.atomic():
-            run = _fenced_run(lease, now, step_name)
-            step = _locked_step(run, step_name, lease)
-            before = _snap(run, step)
-            change = _StepChange(run=run, step=step, now=now, action=action)
-            yield change
-            _audit(
-                run,
-                change.action,
-                actor=None,
-                step_name=step_name,
-                reason=change.reason,
-                before=before,
-                after={**_snap(run, step), **change.extra},
-                now=now,
-            )
-    except BaseException:
-        lease.seen.clear()  # the copy may hold changes that were rolled back
-        raise
+def _decide[T](
+    draft: Draft, action: str, now: datetime, body: Callable[[_Change], T], *, step_name: str = "", of_step: bool = True
+) -> T:
+    """Decide one transition on ``draft``: ``body`` changes the draft's run (and, for a step's
+    transition, the step ``step_name``, which becomes the run's current one, the lease renewed
+    with it; ``of_step`` False: a run's transition that names the step in its audit event only);
+    the checkpoint — the changed fields, the rows, the audit event with the state before and
+    after (plus ``change.extra``) — is added to the draft."""
+    run = draft.run
+    step = draft.step(step_name) if step_name and of_step else None
+    before = _snap(run, step)
+    change = _Change(draft=draft, run=run, step=step, now=now, action=action)
+    if step is not None:
+        renewal = _renewal(now, step_name)
+        for name, value in renewal.items():
+            setattr(run, name, value)
+        change.run_fields.update(renewal)
+    decided = body(change)
+    after = {**_snap(run, step), **change.extra}
+    event = _audit_row(run, change.action, _actor_fields(None), step_name, change.reason, before, after, now)
+    draft.checkpoints.append(
+        Checkpoint(
+            draft=draft,
+            action=change.action,
+            step_name=step_name,
+            run={name: getattr(run, name) for name in change.run_fields},
+            steps={
+                name: {field: getattr(draft.changed[name], field) for field in fields}
+                for name, fields in change.step_fields.items()
+            },
+            rows=change.rows,
+            event=event,
+            after=after,
+        )
+    )
+    return decided
 
 
 def _step_transition(
@@ -275,173 +255,29 @@ def _step_transition(
     step_name: str,
     action: str,
     now: datetime | None,
-    body: Callable[[_StepChange], None],
+    body: Callable[[_Change], None],
     *,
-    one_statement: bool = False,
+    draft: Draft | None = None,
 ) -> StepExecution:
-    """Run ``body`` as a transition of one step (see ``_leased_step``). With ``one_statement``
-    (a body that only changes the step, and the run through ``_save_run``), on PostgreSQL,
-    under a current copy: the whole transition as one statement (``storage.checkpoint``); if
-    its fence does not match, the copy is dropped and the transition runs the ordinary way."""
+    """``body`` as a transition of the step ``step_name`` (``_decide``, ``transition``):
+    returns the step as written. With ``draft``, only decided on it (its checkpoint added to
+    the draft, for the caller to commit with others): returns the step as decided."""
     now = now or clock.now()
-    if one_statement and connection.vendor == "postgresql":
-        step = _one_statement(lease, step_name, action, now, body)
-        if step is not None:
-            return step
-    with _leased_step(lease, step_name, action, now) as change:
-        body(change)
-        return change.step
+
+    def decide(draft: Draft) -> StepExecution:
+        _decide(draft, action, now, body, step_name=step_name)
+        return draft.changed[step_name]
+
+    return decide(draft) if draft is not None else transition(lease, decide)
 
 
-def _one_statement(
-    lease: Lease, step_name: str, action: str, now: datetime, body: Callable[[_StepChange], None]
-) -> StepExecution | None:
-    run, steps = lease.seen.get("run"), lease.seen.get("steps")
-    step = steps.get(step_name) if steps else None
-    if run is None or step is None:
-        return None
-    revision, before = run.revision, _snap(run, step)
-    renewal = _renewal(now, step_name)
-    for name, value in renewal.items():
-        setattr(run, name, value)
-    change = _StepChange(run=run, step=step, now=now, action=action)
-    collected: list[tuple[WorkflowRun | StepExecution, set[str]]] = []
-    token = _COLLECTED.set(collected)
-    try:
-        try:
-            body(change)
-        except Exception:
-            # Perhaps refused on a copy someone else has since changed: decide on fresh rows
-            # (the ordinary way runs the body again, and raises again if it still must).
-            lease.seen.clear()
-            return None
-        finally:
-            _COLLECTED.reset(token)
-        run_fields, step_fields = set(renewal), set()
-        for obj, fields in collected:
-            assert obj is run or obj is step, "a one-statement transition saves only its run and its step"
-            (run_fields if obj is run else step_fields).update(fields)
-        after = {**_snap(run, step), **change.extra}
-        run_values = {name: getattr(run, name) for name in run_fields}
-        fence = {"lease_generation": lease.generation, "revision": revision, "state": LEASED_RUN_STATES}
-        step_values = {name: getattr(step, name) for name in step_fields or {"updated_at"}}
-        event = _audit_row(run, action, _actor_fields(None), step_name, change.reason, before, after, now)
-        held = _HELD.get()
-        if held is not None and held.lease is lease:
-            held.hold(run.pk, run_values, fence, step.pk, step_values, event)
-            written = True
-        else:
-            written = storage.checkpoint(run.pk, run_values, fence, step.pk, step_values, event)
-    except BaseException:
-        lease.seen.clear()  # the copy holds changes that were not written
-        raise
-    if not written:
-        lease.seen.clear()  # someone else saved the run, or the lease is gone: the ordinary way decides
-        return None
-    _observed(run, action, step_name, after, EXECUTOR)
-    return step
-
-
-class StaleCopy(Exception):
-    """Writes held by ``one_write`` found their fence no longer matching (someone else saved
-    the run since, or the lease is gone): nothing of them was written."""
-
-
-@dataclass
-class _Held:
-    """One-statement transitions of one run's steps, held by ``one_write``: the fence of the
-    first, the values written to the run and to each step (the later over the earlier), the
-    audit events in order."""
-
-    lease: Lease
-    run_pk: int | None = None
-    fence: dict[str, Any] = field(default_factory=dict)
-    run_values: dict[str, Any] = field(default_factory=dict)
-    steps: dict[int, dict[str, Any]] = field(default_factory=dict)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    def hold(
-        self,
-        run_pk: int,
-        run_values: dict[str, Any],
-        fence: dict[str, Any],
-        step_pk: int,
-        step_values: dict[str, Any],
-        event: dict[str, Any],
-    ) -> None:
-        if self.steps and (step_pk in self.steps or step_values.keys() != next(iter(self.steps.values())).keys()):
-            self.write()  # one statement writes the same columns of each step, once
-        if self.run_pk is None:
-            self.run_pk, self.fence = run_pk, fence
-        assert run_pk == self.run_pk, "held writes are of one run"
-        self.run_values.update(run_values)
-        self.steps[step_pk] = step_values
-        self.events.append(event)
-
-    def write(self) -> None:
-        """Write what is held (as one statement), then hold nothing. Raises StaleCopy if the
-        fence did not match: then the caller's transaction must roll back."""
-        if self.run_pk is None:
-            return
-        run_pk, fence, run_values, steps, events = self.run_pk, self.fence, self.run_values, self.steps, self.events
-        self.run_pk, self.fence, self.run_values, self.steps, self.events = None, {}, {}, {}, []
-        if not storage.checkpoint_many(run_pk, run_values, fence, steps, events):
-            self.lease.seen.clear()
-            raise StaleCopy(f"run {run_pk} was saved by someone else, or lease {self.lease.generation} is gone")
-
-
-_HELD: ContextVar[_Held | None] = ContextVar("recovery_held_writes", default=None)
-
-
-@contextmanager
-def one_write(lease: Lease) -> Iterator[None]:
-    """Inside a transaction: the one-statement transitions of the lease's run made in the block
-    (on PostgreSQL, under a current copy) are held, and written together as one statement when
-    the block ends (``storage.checkpoint_many``). For steps that commit together anyway (a
-    group of local steps): one round trip instead of one per step. Any other write of the run
-    writes what is held first, so the audit events keep their order. Raises StaleCopy (nothing
-    of the block written, the copy dropped) if the fence no longer matches when they are
-    written; the caller's transaction must then roll back, and the caller decide again on
-    fresh rows."""
-    assert transaction.get_connection().in_atomic_block, "held writes must commit with the block's transaction"
-    held = _Held(lease)
-    token = _HELD.set(held)
-    try:
-        yield
-        held.write()
-    finally:
-        _HELD.reset(token)
-
-
-def _holding() -> bool:
-    held = _HELD.get()
-    return held is not None and held.run_pk is not None
-
-
-def _write_held() -> None:
-    """Before a write the ordinary way: what ``one_write`` holds goes first."""
-    held = _HELD.get()
-    if held is not None:
-        held.write()
-
-
-def _fenced_run(lease: Lease, now: datetime, step_name: str) -> WorkflowRun:
-    """Lock the run for a transition of its step ``step_name``, renew the lease and mark the
-    step as the run's current one. With a current copy (``lease.seen``) that is one fenced
-    UPDATE, which matches only while this executor holds the lease and nobody else has saved
-    the run since; otherwise ``_locked_run`` decides (LeaseLost, or a fresh copy)."""
-    changes = _renewal(now, step_name)
-    run = lease.seen.get("run")
-    fenced = run is not None and "steps" in lease.seen
-    if fenced:
-        fence = {"lease_generation": lease.generation, "revision": run.revision, "state": LEASED_RUN_STATES}
-        fenced = storage.update(WorkflowRun, lease.run_pk, changes, **fence) == 1
-    if not fenced:
-        run = _locked_run(lease)
-        storage.update(WorkflowRun, run.pk, changes)
-    for name, value in changes.items():
-        setattr(run, name, value)
-    return run
+def _run_transition[T](
+    lease: Lease, action: str, now: datetime | None, body: Callable[[_Change], T], *, step_name: str = ""
+) -> T:
+    """``body`` as a transition of the leased run (no step of its own; ``step_name`` named in
+    its audit event)."""
+    now = now or clock.now()
+    return transition(lease, lambda draft: _decide(draft, action, now, body, step_name=step_name, of_step=False))
 
 
 def _renewal(now: datetime, step_name: str) -> dict[str, Any]:
@@ -449,17 +285,7 @@ def _renewal(now: datetime, step_name: str) -> dict[str, Any]:
     return {"updated_at": now, "lease_expires_at": now + lease_duration(), "current_step": step_name}
 
 
-# While set, the engine's own saves are collected here instead of written (_one_statement).
-_COLLECTED: ContextVar[list[tuple[WorkflowRun | StepExecution, set[str]]] | None] = ContextVar(
-    "recovery_collected_saves", default=None
-)
-
-
 def _save(obj: WorkflowRun | StepExecution, fields: set[str], actor: AbstractBaseUser | None) -> None:
-    collected = _COLLECTED.get()
-    if collected is not None and actor is None:
-        collected.append((obj, fields))
-        return
     if actor is None:
         # The engine's own checkpoint: one UPDATE, no saved version (see _history_user).
         storage.update(type(obj), obj.pk, {name: getattr(obj, name) for name in fields})
@@ -492,15 +318,6 @@ def _release_into(run: WorkflowRun, target: RunState, *, wake_at: datetime | Non
     run.lease_expires_at = None
     run.next_wake_at = wake_at
     run.status_reason = redact_text(reason)
-
-
-def _copy(run: WorkflowRun, steps: Iterable[StepExecution]) -> dict[str, Any]:
-    """``Lease.seen`` for a run and its steps, each step pointing at that run."""
-    by_name = {}
-    for step in steps:
-        step.run = run
-        by_name[step.step_name] = step
-    return {"run": run, "steps": by_name}
 
 
 def in_flight_text(sent_at: datetime | None, until: datetime) -> str:
@@ -549,6 +366,9 @@ def _live_lease(run: WorkflowRun, now: datetime) -> bool:
     return bool(run.lease_owner) and run.lease_expires_at is not None and run.lease_expires_at > now
 
 
+ABANDONED = "the executor running this step lost the run before recording its outcome"
+
+
 def _abandon_running_steps(run: WorkflowRun, now: datetime, actor: AbstractBaseUser | None) -> list[str]:
     """A step left ``running`` by an executor that lost (or is losing) the run has an unknown
     outcome: an operator's transition records it so, never leaving it ``running`` forever."""
@@ -556,7 +376,7 @@ def _abandon_running_steps(run: WorkflowRun, now: datetime, actor: AbstractBaseU
     for step in StepExecution.objects.select_for_update().filter(run=run, state=StepState.RUNNING):
         step.state = StepState.UNKNOWN
         step.last_error_kind = ErrorKind.UNKNOWN_OUTCOME
-        step.last_error = "the executor running this step lost the run before recording its outcome"
+        step.last_error = ABANDONED
         _save_step(step, ["state", "last_error_kind", "last_error"], now, actor)
         names.append(step.step_name)
     return names

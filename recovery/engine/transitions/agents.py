@@ -29,15 +29,15 @@ from ._core import (
     _abandon_running_steps,
     _actor_fields,
     _audit,
+    _Change,
     _check,
-    _leased_step,
     _locked_run_by_id,
-    _locked_step,
     _redacted,
     _release_into,
     _save_run,
     _save_step,
     _snap,
+    _step_transition,
     require_reason,
 )
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
@@ -56,13 +56,17 @@ def agent_turn_add(
     *, lease: Lease, agent: str, turn: int, key_version: int, now: datetime | None = None
 ) -> StepExecution:
     """Add the agent's next model turn to its journal, pending (asked next)."""
-    with _leased_step(lease, agent, "agent_turn_add", now) as change:
-        run, now = change.run, change.now
-        row = _new_row(run, change.step.position, turn_name(agent, turn), key_version, now)
-        _remember(lease, row)
+    added: list[StepExecution] = []
+
+    def body(change: _Change) -> None:
+        row = _new_row(change.run, change.step.position, turn_name(agent, turn), key_version, change.now)
+        change.insert(row)
+        added.append(row)
         change.reason = f"model turn {turn}"
         change.extra = {"turn": turn}
-        return row
+
+    _step_transition(lease, agent, "agent_turn_add", now, body)
+    return added[-1]
 
 
 def agent_turn_record(
@@ -81,13 +85,14 @@ def agent_turn_record(
     with its validated arguments as its intent and its own key; or skipped, with the error
     answered to the model (no such tool, invalid arguments). With ``final`` (a reply with no
     call, valid against the agent's schema) the agent step succeeds with it, and with
-    ``complete_run`` the run completes, in this same transaction."""
-    with _leased_step(lease, step_name, "agent_turn", now) as change:
+    ``complete_run`` the run completes, in this same checkpoint."""
+
+    def body(change: _Change) -> None:
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
         step.result = _redacted(run, reply)
         step.next_attempt_at = None
-        _save_step(step, ["state", "result", "next_attempt_at"], now)
+        change.save_step(step, ["state", "result", "next_attempt_at"])
         for call in calls:
             answered = {}
             if call.error:  # answered to the model as an error: nothing is sent for it
@@ -105,30 +110,31 @@ def agent_turn_record(
                 intent=_redacted(run, call.arguments),
                 **answered,
             )
-            _remember(lease, row)
+            change.insert(row)
         if final is not None:
-            done = _locked_step(run, agent, lease)
+            done = change.other_step(agent)
             done.state = _check(STEP_TRANSITIONS, "succeed", done.state, "step")
             done.result = _redacted(run, final)
             done.next_attempt_at = None
-            _save_step(done, ["state", "result", "next_attempt_at"], now)
+            change.save_step(done, ["state", "result", "next_attempt_at"])
             if complete_run:
                 _check(RUN_TRANSITIONS, "complete", run.state, "run")
                 _release_into(run, RunState.COMPLETED)
                 run.current_step = ""
-                _save_run(run, [*RUN_LEASE_FIELDS, "status_reason", "current_step"], now)
+                change.save_run([*RUN_LEASE_FIELDS, "status_reason", "current_step"])
         asked = ", ".join(call.tool for call in calls)
         change.reason = "final answer" if final is not None else f"asks for {asked}" if calls else "no call"
         change.extra = {"calls": len(calls), "final": final is not None}
-        return step
+
+    return _step_transition(lease, step_name, "agent_turn", now, body)
 
 
 def _new_row(
     run: WorkflowRun, position: int, name: str, key_version: int, now: datetime, **fields: Any
 ) -> StepExecution:
-    """A journal row at its agent's position (rows keep their order by id), with its own key.
-    The executor's own write: no saved version (see ``_history_user``)."""
-    row = StepExecution(
+    """A journal row at its agent's position (rows keep their order by id), with its own key,
+    inserted by the checkpoint that adds it."""
+    return StepExecution(
         run=run,
         step_name=name,
         position=position,
@@ -137,16 +143,6 @@ def _new_row(
         updated_at=now,
         **fields,
     )
-    row.skip_history_when_saving = True
-    row.save(force_insert=True)
-    return row
-
-
-def _remember(lease: Lease, row: StepExecution) -> None:
-    """The executor's copy of the run's steps gains the new row (see ``Lease.seen``)."""
-    steps = lease.seen.get("steps")
-    if steps is not None:
-        steps[row.step_name] = row
 
 
 # --- by an operator ------------------------------------------------------------------------

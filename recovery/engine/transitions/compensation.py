@@ -21,18 +21,19 @@ from ._core import (
     Lease,
     _abandon_running_steps,
     _audit,
+    _Change,
     _check,
-    _leased_step,
-    _locked_run,
     _locked_run_by_id,
     _redacted,
     _release_into,
     _save_run,
     _save_step,
     _snap,
+    _step_transition,
     in_flight_text,
     require_reason,
 )
+from .checkpoints import _locked_run
 from .operator import _four_eyes
 from .tables import DONE_STEP_STATES, RUN_TRANSITIONS, STEP_TRANSITIONS
 
@@ -113,31 +114,35 @@ def run_compensate(
 def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = None) -> StepExecution:
     """Record that the compensation call is about to be made (it may be made again after a
     crash: compensations are idempotent under their own key)."""
-    with _leased_step(lease, step_name, "compensation_begin", now) as change:
+
+    def body(change: _Change) -> None:
         step, now = change.step, change.now
         _check(STEP_TRANSITIONS, "compensation_begin", step.state, "step")
         step.compensation_attempts += 1
         step.next_attempt_at = None
         step.compensation_sent_at = now  # until it answers, the request may commit
-        _save_step(step, ["compensation_attempts", "next_attempt_at", "compensation_sent_at"], now)
+        change.save_step(step, ["compensation_attempts", "next_attempt_at", "compensation_sent_at"])
         change.extra = {"compensation_attempts": step.compensation_attempts}
-        return step
+
+    return _step_transition(lease, step_name, "compensation_begin", now, body)
 
 
 def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now: datetime | None = None) -> None:
-    with _leased_step(lease, step_name, "compensation_succeed", now) as change:
-        run, step, now = change.run, change.step, change.now
+    def body(change: _Change) -> None:
+        run, step = change.run, change.step
         step.state = _check(STEP_TRANSITIONS, "compensation_succeed", step.state, "step")
         step.compensation_ref = redact_text(outcome.remote_ref)
         step.compensation_result = _redacted(run, outcome.result)
         step.compensation_restored = outcome.restored
-        _save_step(step, ["state", "compensation_ref", "compensation_result", "compensation_restored"], now)
+        change.save_step(step, ["state", "compensation_ref", "compensation_result", "compensation_restored"])
         change.extra = {"compensation_ref": step.compensation_ref}
         if outcome.incident:
             incident = redact_text(outcome.incident)
             run.incident = "\n".join(filter(None, [run.incident, incident]))
-            _save_run(run, ["incident"], now)
+            change.save_run(["incident"])
             change.extra["incident"] = incident
+
+    _step_transition(lease, step_name, "compensation_succeed", now, body)
 
 
 def compensation_fail(
@@ -149,9 +154,12 @@ def compensation_fail(
     inside the compensation (has the correction been sent?) cannot miss a request still in
     flight. Anything else, an exhausted budget, or an unknown outcome with no bound stops in
     the visible ``compensation_failed`` state — never reported as rolled back."""
-    with _leased_step(lease, step_name, "compensation_fail", now) as change:
+
+    def body(change: _Change) -> None:
         message = redact_text(error.message)
         _retry_or_stop(change, spec, error, message=message, why=f"{step_name}: compensation failed: {message}")
+
+    _step_transition(lease, step_name, "compensation_fail", now, body)
 
 
 def compensation_unconfirmed(
@@ -175,22 +183,27 @@ def compensation_unconfirmed(
     if error is None or isinstance(error, NotThisStep):
         _compensation_refuse(lease=lease, step_name=step_name, remote_ref=remote_ref, error=error, now=now)
         return
-    with _leased_step(lease, step_name, "compensation_fail", now) as change:
+
+    message = redact_text(
+        f"not sent: could not confirm that {remote_ref or 'its object'} is {step_name}'s own ({error.message})"
+    )
+    if error.kind == ErrorKind.UNKNOWN_OUTCOME:  # a look-up changes nothing: asking again is safe
+        error = TransientError(error.message, retry_after=error.retry_after)
+    failed = error
+
+    def body(change: _Change) -> None:
         change.step.compensation_attempts += 1  # an attempt that sent nothing: the budget still counts it
-        message = redact_text(
-            f"not sent: could not confirm that {remote_ref or 'its object'} is {step_name}'s own ({error.message})"
-        )
-        if error.kind == ErrorKind.UNKNOWN_OUTCOME:  # a look-up changes nothing: asking again is safe
-            error = TransientError(error.message, retry_after=error.retry_after)
-        _retry_or_stop(change, spec, error, message=message, why=f"{step_name}: compensation {message}")
+        _retry_or_stop(change, spec, failed, message=message, why=f"{step_name}: compensation {message}")
         change.extra = {"compensation_attempts": change.step.compensation_attempts, "remote_ref": remote_ref}
+
+    _step_transition(lease, step_name, "compensation_fail", now, body)
 
 
 def _compensation_refuse(
     *, lease: Lease, step_name: str, remote_ref: str, error: StepError | None, now: datetime | None
 ) -> None:
-    with _leased_step(lease, step_name, "compensation_refused", now) as change:
-        run, step, now = change.run, change.step, change.now
+    def body(change: _Change) -> None:
+        run, step = change.run, change.step
         if not remote_ref:
             cause = f"{step_name} recorded no remote id"
         elif error is None:
@@ -205,10 +218,12 @@ def _compensation_refuse(
         step.compensation_sent_at = None  # nothing sent, and an earlier request's window has closed
         _check(RUN_TRANSITIONS, "compensation_fail", run.state, "run")
         _release_into(run, RunState.COMPENSATION_FAILED, reason=f"{step_name}: compensation {message}")
-        _save_step(step, ["state", "last_error_kind", "last_error", "next_attempt_at", "compensation_sent_at"], now)
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        change.save_step(step, ["state", "last_error_kind", "last_error", "next_attempt_at", "compensation_sent_at"])
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = message[:1000]
         change.extra = {"remote_ref": remote_ref}
+
+    _step_transition(lease, step_name, "compensation_refused", now, body)
 
 
 def _retry_or_stop(change, spec: StepSpec, error: StepError, *, message: str, why: str) -> None:
@@ -245,12 +260,11 @@ def _retry_or_stop(change, spec: StepSpec, error: StepError, *, message: str, wh
         step.next_attempt_at = None
         _check(RUN_TRANSITIONS, "compensation_fail", run.state, "run")
         _release_into(run, RunState.COMPENSATION_FAILED, reason=why)
-    _save_step(
+    change.save_step(
         step,
         ["state", "last_error_kind", "last_error", "next_attempt_at", "compensation_sent_at", "compensation_attempts"],
-        now,
     )
-    _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+    change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
     change.reason = message[:1000]
 
 

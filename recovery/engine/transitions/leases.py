@@ -21,7 +21,6 @@ from ._core import (
     Lease,
     _audit,
     _check,
-    _copy,
     _observed,
     _renew,
     _save_run,
@@ -29,6 +28,7 @@ from ._core import (
     default_owner,
     lease_duration,
 )
+from .checkpoints import _copy
 from .outbox import locked_rows, outbox_due
 from .tables import EXECUTOR, RUN_TRANSITIONS
 

@@ -20,20 +20,20 @@ from recovery.workflow import Outcome, StepSpec
 from ._core import (
     Lease,
     _audit,
+    _Change,
     _check,
+    _decide,
     _error_text,
     _live_lease,
-    _locked_run,
-    _locked_step,
     _redacted,
     _renew,
     _save_run,
     _save_step,
-    _snap,
     default_owner,
     in_flight_text,
     lease_duration,
 )
+from .checkpoints import Draft, _locked_run
 from .steps import _record_attempt
 from .tables import STEP_TRANSITIONS
 
@@ -45,31 +45,35 @@ def step_enqueue(
 ) -> OutboxMessage:
     """The step's message is written as an outbox row in the same transaction as the step's
     success: after this commit it will be delivered, and never twice. The step's remote
-    reference is the outbox row until the publisher records the provider's message id."""
+    reference is the outbox row until the publisher records the provider's message id.
+
+    Decided under the run's lock (the message's row is written before the checkpoint that
+    names it, so the fence must not miss)."""
     now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        step = _locked_step(run, step_name, lease)
-        before = _snap(run, step)
-        step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+    with lease.atomic():
+        draft = Draft.read(lease, locked=True)
+        step = draft.step(step_name)
         # The payload is what the publisher calls the step with: the redacted intent, as the
         # step's own checkpoint. A step gets its credentials from settings, never its intent.
-        intent = _redacted(run, intent)
+        payload = _redacted(draft.run, intent)
         message = OutboxMessage.objects.create(
-            run=run,
+            run_id=lease.run_pk,
             step_name=step_name,
             idempotency_key=step.idempotency_key,
-            payload=intent,
+            payload=payload,
             created_at=now,
             updated_at=now,
         )
-        step.remote_ref = f"outbox:{message.pk}"
-        step.result = {"outbox_id": message.pk, "delivered": False}
-        _save_step(step, ["state", "remote_ref", "result", *_record_attempt(step, intent, request_hash, now)], now)
-        run.current_step = step_name
-        _renew(run, now)
-        _save_run(run, ["current_step", "lease_expires_at"], now)
-        _audit(run, "step_enqueue", actor=None, step_name=step_name, before=before, after=_snap(run, step), now=now)
+
+        def body(change: _Change) -> None:
+            step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+            step.remote_ref = f"outbox:{message.pk}"
+            step.result = {"outbox_id": message.pk, "delivered": False}
+            fields = _record_attempt(step, payload, request_hash, now)
+            change.save_step(step, ["state", "remote_ref", "result", *fields])
+
+        _decide(draft, "step_enqueue", now, body, step_name=step_name)
+        lease.commit(draft.checkpoints)
         dispatch.enqueue_message(message.pk)
         return message
 

@@ -18,27 +18,26 @@ from django.utils.crypto import salted_hmac
 
 from recovery import clock, tracing
 from recovery.engine import dispatch, metrics, storage
-from recovery.errors import StartConflict
-from recovery.models import AuditEvent, RunState, StepExecution, WorkflowRun
+from recovery.errors import ErrorKind, StartConflict
+from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.workflow import StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
 
 from ._core import (
+    ABANDONED,
     RUN_LEASE_FIELDS,
     Lease,
-    _abandon_running_steps,
     _actor_fields,
-    _audit,
     _audit_many,
     _audit_row,
+    _Change,
     _check,
-    _copy,
-    _locked_run,
     _observed,
     _release_into,
-    _save_run,
+    _run_transition,
     _snap,
     default_owner,
 )
+from .checkpoints import _copy
 from .leases import _take_lease
 from .tables import RUN_TRANSITIONS
 
@@ -351,54 +350,60 @@ def _invalid(exc: Exception) -> str:
 
 def run_wait(*, lease: Lease, wake_at: datetime, reason: str, now: datetime | None = None) -> None:
     """Nothing is due before ``wake_at``: give the run back with its wake-up time."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        before = _snap(run)
+
+    def body(change: _Change) -> None:
+        run = change.run
         if run.state == RunState.COMPENSATING:  # a compensation waits as compensating
             target = _check(RUN_TRANSITIONS, "compensation_wait", run.state, "run")
         else:
             target = _check(RUN_TRANSITIONS, "wait", run.state, "run")
         _release_into(run, target, wake_at=wake_at, reason=reason)
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        _audit(run, "wait", actor=None, reason=reason, before=before, after=_snap(run), now=now)
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+        change.reason = reason
+
+    _run_transition(lease, "wait", now, body)
 
 
 def run_release(*, lease: Lease, reason: str, now: datetime | None = None) -> None:
     """Give the run back, due at once (the executor stopped early by choice)."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        before = _snap(run)
-        _check(RUN_TRANSITIONS, "release", run.state, "run")
-        _release_into(run, RunState.PENDING, reason=reason)
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        _audit(run, "release", actor=None, reason=reason, before=before, after=_snap(run), now=now)
+
+    def body(change: _Change) -> None:
+        _check(RUN_TRANSITIONS, "release", change.run.state, "run")
+        _release_into(change.run, RunState.PENDING, reason=reason)
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+        change.reason = reason
+
+    _run_transition(lease, "release", now, body)
 
 
 def run_complete(*, lease: Lease, now: datetime | None = None) -> None:
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        before = _snap(run)
-        _check(RUN_TRANSITIONS, "complete", run.state, "run")
-        _release_into(run, RunState.COMPLETED)
-        run.current_step = ""
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason", "current_step"], now)
-        _audit(run, "complete", actor=None, before=before, after=_snap(run), now=now)
+    def body(change: _Change) -> None:
+        _check(RUN_TRANSITIONS, "complete", change.run.state, "run")
+        _release_into(change.run, RunState.COMPLETED)
+        change.run.current_step = ""
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason", "current_step"])
+
+    _run_transition(lease, "complete", now, body)
 
 
 def run_review(*, lease: Lease, reason: str, step_name: str = "", now: datetime | None = None) -> None:
     """Stop and hand the run to an operator (a conflict the executor must not resolve). A
     parked run never keeps a step ``running``: a call that may have been made is unknown."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        before = _snap(run)
-        _check(RUN_TRANSITIONS, "review", run.state, "run")
-        abandoned = _abandon_running_steps(run, now, None)
-        lease.seen.clear()  # its copy of those steps is out of date
-        _release_into(run, RunState.NEEDS_REVIEW, reason=reason)
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
-        after = {**_snap(run), "steps_now_unknown": abandoned} if abandoned else _snap(run)
-        _audit(run, "review", actor=None, step_name=step_name, reason=reason, before=before, after=after, now=now)
+
+    def body(change: _Change) -> None:
+        _check(RUN_TRANSITIONS, "review", change.run.state, "run")
+        abandoned = []
+        for running in [s for s in change.draft.steps() if s.state == StepState.RUNNING]:
+            step = change.other_step(running.step_name)
+            step.state = StepState.UNKNOWN
+            step.last_error_kind = ErrorKind.UNKNOWN_OUTCOME
+            step.last_error = ABANDONED
+            change.save_step(step, ["state", "last_error_kind", "last_error"])
+            abandoned.append(step.step_name)
+        _release_into(change.run, RunState.NEEDS_REVIEW, reason=reason)
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+        change.reason = reason
+        if abandoned:
+            change.extra = {"steps_now_unknown": abandoned}
+
+    _run_transition(lease, "review", now, body, step_name=step_name)

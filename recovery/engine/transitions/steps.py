@@ -7,9 +7,9 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Max
 
+from recovery import clock
 from recovery.errors import ErrorKind, StepError
 from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState
 from recovery.redaction import redact_text
@@ -18,17 +18,15 @@ from recovery.workflow import Outcome, Reconcile, StepSpec, workflow_of
 from ._core import (
     RUN_LEASE_FIELDS,
     Lease,
+    _Change,
     _check,
     _error_text,
-    _leased_step,
     _redacted,
     _release_into,
-    _save_run,
-    _save_step,
     _step_transition,
-    _StepChange,
     in_flight_text,
 )
+from .checkpoints import Draft
 from .compensation import _compensation_targets, _start_compensation
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
 
@@ -56,17 +54,24 @@ def _record_attempt(step: StepExecution, intent: dict[str, Any], request_hash: s
 
 
 def step_begin(
-    *, lease: Lease, step_name: str, intent: dict[str, Any], request_hash: str, now: datetime | None = None
+    *,
+    lease: Lease,
+    step_name: str,
+    intent: dict[str, Any],
+    request_hash: str,
+    now: datetime | None = None,
+    draft: Draft | None = None,
 ) -> StepExecution:
     """Checkpoint the validated intent before the call (rule 5): after this commit a crash
-    leaves evidence that the call may have been made."""
+    leaves evidence that the call may have been made. With ``draft``: decided on it, not
+    written (``Lease.commit``)."""
 
-    def body(change: _StepChange) -> None:
+    def body(change: _Change) -> None:
         step = change.step
         step.state = _check(STEP_TRANSITIONS, "begin", step.state, "step")
-        _save_step(step, ["state", *_record_attempt(step, intent, request_hash, change.now)], change.now)
+        change.save_step(step, ["state", *_record_attempt(step, intent, request_hash, change.now)])
 
-    return _step_transition(lease, step_name, "step_begin", now, body, one_statement=True)
+    return _step_transition(lease, step_name, "step_begin", now, body, draft=draft)
 
 
 def step_succeed(
@@ -81,6 +86,7 @@ def step_succeed(
     action: str = "step_succeed",
     reason: str = "",
     now: datetime | None = None,
+    draft: Draft | None = None,
 ) -> StepExecution:
     """Checkpoint the observed result as soon as the call returns. ``decision`` (a model
     step's validated proposal) is accepted in the same transaction; ``complete_run`` marks
@@ -89,7 +95,7 @@ def step_succeed(
     caller's transaction, where no intent was committed before (nothing could have happened
     without this commit)."""
 
-    def body(change: _StepChange) -> None:
+    def body(change: _Change) -> None:
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "succeed" if attempt is None else "attempt_succeed", step.state, "step")
         # The executor goes on with this copy (and a replay reads it back): the same values.
@@ -99,30 +105,31 @@ def step_succeed(
         fields = ["state", "remote_ref", "result", "next_attempt_at"]
         if attempt is not None:
             fields += _record_attempt(step, *attempt, now)
-        _save_step(step, fields, now)
+        change.save_step(step, fields)
         if decision is not None:
             assert spec is not None and spec.is_decision
             accepted = _redacted(run, decision)
             latest = ModelDecision.objects.filter(run=run, step_name=step_name).aggregate(v=Max("version"))["v"] or 0
-            ModelDecision.objects.create(
-                run=run,
-                step_name=step_name,
-                version=latest + 1,
-                state=DecisionState.ACCEPTED,
-                schema_version=spec.schema_version,
-                proposal=accepted,
-                accepted=accepted,
-                created_at=now,
+            change.insert(
+                ModelDecision(
+                    run=run,
+                    step_name=step_name,
+                    version=latest + 1,
+                    state=DecisionState.ACCEPTED,
+                    schema_version=spec.schema_version,
+                    proposal=accepted,
+                    accepted=accepted,
+                    created_at=now,
+                )
             )
         if complete_run:
             _check(RUN_TRANSITIONS, "complete", run.state, "run")
             _release_into(run, RunState.COMPLETED)
             run.current_step = ""
-            _save_run(run, [*RUN_LEASE_FIELDS, "status_reason", "current_step"], now)
+            change.save_run([*RUN_LEASE_FIELDS, "status_reason", "current_step"])
         change.reason = reason
 
-    # A decision is accepted in the same transaction: not one statement.
-    return _step_transition(lease, step_name, action, now, body, one_statement=decision is None)
+    return _step_transition(lease, step_name, action, now, body, draft=draft)
 
 
 def step_fail(
@@ -140,22 +147,23 @@ def step_fail(
     outputs — the bad output kept when the step allows). With ``auto_compensate`` (the
     workflow's policy), a permanent failure starts compensating the completed steps; a
     technical error never does."""
-    with transaction.atomic():  # the failure and an automatic compensation commit together
-        with _leased_step(lease, step_name, "step_fail", now) as change:
-            run, step, now = change.run, change.step, change.now
-            step.state = _check(STEP_TRANSITIONS, "fail", step.state, "step")
-            message = redact_text(error.message)
-            step.last_error_kind = error.kind
-            step.last_error = message[:4000]
-            step.next_attempt_at = None
-            step_fields = ["state", "last_error_kind", "last_error", "next_attempt_at"]
-            policy = spec.retry
-            delay: float | None = None
-            run_fields = ["status_reason"]
-            if error.kind == ErrorKind.INVALID_MODEL_OUTPUT:
-                step.format_failures += 1
-                step_fields.append("format_failures")
-                ModelDecision.objects.create(
+
+    def body(change: _Change) -> None:
+        run, step, now = change.run, change.step, change.now
+        step.state = _check(STEP_TRANSITIONS, "fail", step.state, "step")
+        message = redact_text(error.message)
+        step.last_error_kind = error.kind
+        step.last_error = message[:4000]
+        step.next_attempt_at = None
+        step_fields = ["state", "last_error_kind", "last_error", "next_attempt_at"]
+        policy = spec.retry
+        delay: float | None = None
+        run_fields = ["status_reason"]
+        if error.kind == ErrorKind.INVALID_MODEL_OUTPUT:
+            step.format_failures += 1
+            step_fields.append("format_failures")
+            change.insert(
+                ModelDecision(
                     run=run,
                     step_name=step_name,
                     version=0,
@@ -165,35 +173,42 @@ def step_fail(
                     validation_error=message[:4000],
                     created_at=now,
                 )
-                if step.format_failures < policy.maximum_format_failures:
-                    delay = policy.backoff(step.format_failures)
-                outcome, why = RunState.NEEDS_REVIEW, f"model output invalid {step.format_failures} times"
-            elif error.kind == ErrorKind.PERMANENT or error.kind in policy.non_retryable_kinds:
-                outcome, why = RunState.FAILED, f"{step_name}: permanent error, not retried: {message}"
-                run.effects_stand = _effects_stand(run)
-                run_fields.append("effects_stand")
-            elif policy.retries(error.kind):
-                elapsed = (now - step.budget_started_at).total_seconds() if step.budget_started_at else 0.0
-                delay = policy.next_delay(step.attempts - step.budget_start_attempt, error, elapsed=elapsed)
-                outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: retry budget exhausted: {message}"
-            else:
-                outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: {error.kind} error needs review: {message}"
+            )
+            if step.format_failures < policy.maximum_format_failures:
+                delay = policy.backoff(step.format_failures)
+            outcome, why = RunState.NEEDS_REVIEW, f"model output invalid {step.format_failures} times"
+        elif error.kind == ErrorKind.PERMANENT or error.kind in policy.non_retryable_kinds:
+            outcome, why = RunState.FAILED, f"{step_name}: permanent error, not retried: {message}"
+            run.effects_stand = _effects_stand(run)
+            run_fields.append("effects_stand")
+        elif policy.retries(error.kind):
+            elapsed = (now - step.budget_started_at).total_seconds() if step.budget_started_at else 0.0
+            delay = policy.next_delay(step.attempts - step.budget_start_attempt, error, elapsed=elapsed)
+            outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: retry budget exhausted: {message}"
+        else:
+            outcome, why = RunState.NEEDS_REVIEW, f"{step_name}: {error.kind} error needs review: {message}"
 
-            if delay is not None:
-                step.next_attempt_at = now + timedelta(seconds=delay)
-                _check(RUN_TRANSITIONS, "wait", run.state, "run")
-                _release_into(
-                    run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: retry scheduled"
-                )
-            else:
-                _check(RUN_TRANSITIONS, "review" if outcome == RunState.NEEDS_REVIEW else "fail", run.state, "run")
-                _release_into(run, outcome, reason=why)
-            _save_step(step, step_fields, now)
-            _save_run(run, run_fields + RUN_LEASE_FIELDS, now)
-            change.reason = message[:1000]
-        if auto_compensate and outcome == RunState.FAILED and delay is None and _compensation_targets(run):
+        if delay is not None:
+            step.next_attempt_at = now + timedelta(seconds=delay)
+            _check(RUN_TRANSITIONS, "wait", run.state, "run")
+            _release_into(run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: retry scheduled")
+        else:
+            _check(RUN_TRANSITIONS, "review" if outcome == RunState.NEEDS_REVIEW else "fail", run.state, "run")
+            _release_into(run, outcome, reason=why)
+        change.save_step(step, step_fields)
+        change.save_run(run_fields + RUN_LEASE_FIELDS)
+        change.reason = message[:1000]
+
+    now = now or clock.now()
+    if not auto_compensate:
+        return _step_transition(lease, step_name, "step_fail", now, body)
+    with lease.atomic():  # the failure and an automatic compensation commit together
+        step = _step_transition(lease, step_name, "step_fail", now, body)
+        run = step.run
+        if run.state == RunState.FAILED and _compensation_targets(run):
+            # The checkpoint's UPDATE holds the run's row lock until this transaction ends.
             _start_compensation(run, actor=None, reason=f"automatic: {step_name} failed permanently", now=now)
-            lease.seen.clear()  # it marked other steps: the executor's copy of them is out of date
+            lease.seen.clear()  # it marked other steps and fenced this lease off: the copy is out of date
         return step
 
 
@@ -216,30 +231,33 @@ def step_refuse(
     values: dict[str, Any],
     to_model: bool = False,
     now: datetime | None = None,
+    draft: Draft | None = None,
 ) -> StepExecution:
     """A guard refused the step before its intent was checkpointed: nothing was written or
     sent. The step keeps the refusal (which rule, which values) and the run waits for an
     operator: supersede the decision, override the rule (a supervisor), or terminate. With
     ``to_model`` (an agent's tool call, by its agent's policy) the call is skipped instead and
     the refusal is answered to the model; the run goes on."""
-    with _leased_step(lease, step_name, "policy_refused", now) as change:
-        run, step, now = change.run, change.step, change.now
+
+    def body(change: _Change) -> None:
+        run, step = change.run, change.step
         step.state = _check(STEP_TRANSITIONS, "refuse_to_model" if to_model else "refuse", step.state, "step")
         cause = redact_text(f"policy refused: {rule}: {message}")
         step.refusal = _redacted(run, {"rule": rule, "message": message, "values": _plain(values)})
         step.last_error_kind = ErrorKind.POLICY_REFUSED
         step.last_error = cause[:4000]
         step.next_attempt_at = None
-        _save_step(step, ["state", "refusal", "last_error_kind", "last_error", "next_attempt_at"], now)
+        change.save_step(step, ["state", "refusal", "last_error_kind", "last_error", "next_attempt_at"])
         change.extra = {"refusal": step.refusal}
         if to_model:
             change.reason = f"{cause}; answered to the model"[:1000]
-            return step
+            return
         _check(RUN_TRANSITIONS, "review", run.state, "run")
         _release_into(run, RunState.NEEDS_REVIEW, reason=cause)
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = cause[:1000]
-        return step
+
+    return _step_transition(lease, step_name, "policy_refused", now, body, draft=draft)
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:
@@ -253,7 +271,8 @@ def step_defer_check(
     """A guard could not read the state it checks (the other system failed): nothing was
     sent. A retryable failure checks again later, within the step's retry budget (counted in
     ``reconcile_attempts``, the step's failed look-ups); anything else goes to review."""
-    with _leased_step(lease, step_name, "check_deferred", now) as change:
+
+    def body(change: _Change) -> None:
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "defer_check", step.state, "step")
         step.reconcile_attempts += 1
@@ -272,10 +291,11 @@ def step_defer_check(
                 run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: check retry scheduled"
             )
         fields = ["state", "reconcile_attempts", "last_error_kind", "last_error", "next_attempt_at"]
-        _save_step(step, fields, now)
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        change.save_step(step, fields)
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = message[:1000]
-        return step
+
+    return _step_transition(lease, step_name, "check_deferred", now, body)
 
 
 def step_mark_unknown(
@@ -284,29 +304,33 @@ def step_mark_unknown(
     """The call may have happened and nobody can prove it either way (rule 7). Never
     relabelled as failed: it is reconciled next, or goes to an operator when the step has
     no automatic way to find out."""
-    with _leased_step(lease, step_name, "step_unknown", now) as change:
-        run, step, now = change.run, change.step, change.now
+
+    def body(change: _Change) -> None:
+        run, step = change.run, change.step
         step.state = _check(STEP_TRANSITIONS, "mark_unknown", step.state, "step")
         step.last_error_kind = ErrorKind.UNKNOWN_OUTCOME
         step.last_error = _error_text(error, 4000)
-        _save_step(step, ["state", "last_error_kind", "last_error"], now)
+        change.save_step(step, ["state", "last_error_kind", "last_error"])
         if spec.reconcile in (None, Reconcile.OPERATOR):
             _check(RUN_TRANSITIONS, "review", run.state, "run")
             _release_into(run, RunState.NEEDS_REVIEW, reason=f"{step_name}: outcome unknown, operator must reconcile")
-            _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+            change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = _error_text(error, 1000)
-        return step
+
+    return _step_transition(lease, step_name, "step_unknown", now, body)
 
 
 def step_reset(*, lease: Lease, step_name: str, reason: str, now: datetime | None = None) -> StepExecution:
     """A look-up proved the unknown call never took effect: the step may be performed."""
-    with _leased_step(lease, step_name, "reconciled_absent", now) as change:
-        step, now = change.step, change.now
+
+    def body(change: _Change) -> None:
+        step = change.step
         step.state = _check(STEP_TRANSITIONS, "reset", step.state, "step")
         step.next_attempt_at = None
-        _save_step(step, ["state", "next_attempt_at"], now)
+        change.save_step(step, ["state", "next_attempt_at"])
         change.reason = reason
-        return step
+
+    return _step_transition(lease, step_name, "reconciled_absent", now, body)
 
 
 def step_defer_reconcile(
@@ -315,7 +339,8 @@ def step_defer_reconcile(
     """The look-up of an unknown outcome failed: the step stays unknown (never failed). A
     retryable failure schedules another look-up within the step's budget; anything else,
     or an exhausted budget, goes to review."""
-    with _leased_step(lease, step_name, "reconcile_deferred", now) as change:
+
+    def body(change: _Change) -> None:
         run, step, now = change.run, change.step, change.now
         step.state = _check(STEP_TRANSITIONS, "defer_reconcile", step.state, "step")
         step.reconcile_attempts += 1
@@ -331,10 +356,11 @@ def step_defer_reconcile(
             _release_into(
                 run, RunState.WAITING, wake_at=step.next_attempt_at, reason=f"{step_name}: look-up retry scheduled"
             )
-        _save_step(step, ["state", "reconcile_attempts", "last_error", "next_attempt_at"], now)
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        change.save_step(step, ["state", "reconcile_attempts", "last_error", "next_attempt_at"])
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = _error_text(error, 1000)
-        return step
+
+    return _step_transition(lease, step_name, "reconcile_deferred", now, body)
 
 
 def step_await_settle(
@@ -343,15 +369,17 @@ def step_await_settle(
     """A look-up found nothing while the request sent at ``sent_at`` may still commit (its
     in-flight window ends at ``until``): the miss proves nothing yet (rule 7). The step stays
     unknown and is looked up again at ``until``, when a miss does prove absence."""
-    with _leased_step(lease, step_name, "reconcile_wait", now) as change:
-        run, step, now = change.run, change.step, change.now
+
+    def body(change: _Change) -> None:
+        run, step = change.run, change.step
         step.state = _check(STEP_TRANSITIONS, "await_settle", step.state, "step")
         step.next_attempt_at = until
         why = f"{step_name}: outcome unknown; looking again {in_flight_text(sent_at, until)}"
         _check(RUN_TRANSITIONS, "wait", run.state, "run")
         _release_into(run, RunState.WAITING, wake_at=until, reason=why)
-        _save_step(step, ["state", "next_attempt_at"], now)
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now)
+        change.save_step(step, ["state", "next_attempt_at"])
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = f"look-up found nothing yet; the receiver may commit the request until {until.isoformat()}"
         change.extra = {"in_flight_until": until.isoformat()}
-        return step
+
+    return _step_transition(lease, step_name, "reconcile_wait", now, body)
