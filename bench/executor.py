@@ -129,9 +129,24 @@ ours_call_anyversion run runs started before the clock (``pre-started``: the exe
 ours_e2e and ours_call_e2e start every run inside it; DBOS starts every workflow inside it;
 Celery's chains are enqueued before it (its clock is the consumption); the ceiling has no start.
 
+Latency: after each measurement of ours* or DBOS, bench/latency.py reads every step's and run's
+latency from the engine's own records (our audit events' ``at``, DBOS's ``operation_outputs``
+and ``workflow_status`` times) and keeps p50/p95/p99. A step's latency is the time from the
+run's previous checkpoint (its durable start: the claim, or the start where the clock includes
+it, or the previous step's outcome; for DBOS its workflow row or its previous step's output) to
+its outcome recorded, each engine's clock read as it writes the checkpoint; ``intent`` is from
+the step's own start (our call step's ``step_begin``, DBOS's ``started_at_epoch_ms``) to its
+outcome; a run's is from its start (its claim if pre-started) to its completion recorded. Local
+steps share one commit, so the first of the three carries it and the next two are short; compare
+runs end to end. bench/latency.py's docstring has the details, and also the machine: cores and
+model, memory, Python, PostgreSQL, load average at the start and end.
+
 Output: progress on stderr; on stdout a table (median and min–max over ``--repeat`` repetitions
-per contender and worker count), the ratios ours/other of the medians, and, as the last line,
-one JSON object with the 2-worker medians (or the first measured worker count without 2).
+per contender and worker count), the latency table (medians of each repetition's percentiles,
+ms), the ratios ours/other of the medians, and, as the last line, one JSON object with the
+2-worker medians (or the first measured worker count without 2), ``step_latency_ms``,
+``step_intent_latency_ms`` and ``run_latency_ms`` (contender: count, p50, p95, p99) among them,
+and ``machine``.
 With both ours_call and ours_call_nohb, also the heartbeat's cost per worker count:
 ``heartbeat_cost`` = 1 - (ours_call steps/s / ours_call_nohb steps/s), of the medians, with the
 min–max of the same ratio per repetition (the two are measured back to back in each repetition,
@@ -160,7 +175,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import select
 import shutil
 import signal
@@ -182,6 +196,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the ``bench`` namespace package, also when run as bench/executor.py
+from bench import latency  # noqa: E402
 from bench.executor_workers import FLUSH_STATS  # noqa: E402
 
 PY = sys.executable
@@ -270,6 +285,7 @@ class Sample:
     worker_cpu: float | None  # CPU seconds of the worker processes (not PostgreSQL's), None for Celery
     rep: int = 0  # the repetition, from 0
     pg_cpu: float | None = None  # CPU seconds of the database's PostgreSQL backends, None if not measured
+    latency: dict[str, dict[str, float]] | None = None  # bench/latency.py's summaries, durable engines only
 
     @property
     def steps_per_s(self) -> float:
@@ -609,9 +625,15 @@ class Bench:
             else:
                 seconds, commits, rollbacks, cpu, pg_cpu = self._run_processes(contender, database, workers, rep)
             self._verify(contender, database)
+            found = None  # read after the transaction counts: not counted
+            if contender in ENGINE or contender == "dbos":
+                engine = "dbos" if contender == "dbos" else "ours"
+                found = latency.measure(self.server.url(database), engine=engine, prestarted=contender not in E2E)
+                if found is None:
+                    log(f"{contender}: no step latency found in its records (bench/latency.py)")
         finally:
             self.server.drop(database)
-        return Sample(contender, workers, seconds, self.steps, commits, rollbacks, cpu, rep, pg_cpu)
+        return Sample(contender, workers, seconds, self.steps, commits, rollbacks, cpu, rep, pg_cpu, found)
 
     def _run_processes(
         self, contender: str, database: str, workers: int, rep: int
@@ -866,7 +888,7 @@ def redis_server(children: Children) -> Iterator[str]:
 def report(
     samples: list[Sample],
     args: argparse.Namespace,
-    machine: str,
+    machine: dict[str, Any],
     start_seconds: float | None,
     api_rate: float | None = None,
     claims: dict[str, set[str]] | None = None,
@@ -876,13 +898,14 @@ def report(
         groups.setdefault((sample.contender, sample.workers), Summary([])).samples.append(sample)
 
     print(f"executor benchmark: {args.workflows} workflows x 3 steps, median (min-max) of {args.repeat} run(s)")
-    print(machine)
+    print(latency.describe(machine))
     width = max([10, *(len(contender) + 1 for contender, _ in groups)])
     print(
         f"{'contender':<{width}}{'workers':>8}{'steps/s':>10}  {'min-max':<15}{'pg commits/step':>16}"
         f"{'rollbacks/step':>15}{'commits_per_step':>17}{'worker CPU ms/step':>20}{'pg CPU ms/step':>16}"
     )
-    for (contender, workers), summary in sorted(groups.items(), key=lambda g: (CONTENDERS.index(g[0][0]), g[0][1])):
+    ordered = sorted(groups.items(), key=lambda g: (CONTENDERS.index(g[0][0]), g[0][1]))
+    for (contender, workers), summary in ordered:
         low, high = summary.spread(lambda s: s.steps_per_s)
         print(
             f"{contender:<{width}}{workers:>8}{summary.median(lambda s: s.steps_per_s):>10.1f}  "
@@ -892,6 +915,8 @@ def report(
             f"{_cell(summary, lambda s: s.cpu_ms_per_step):>20}"
             f"{_cell(summary, lambda s: s.pg_cpu_ms_per_step):>16}"
         )
+    for line in latency.table([(c, w, [s.latency for s in summary.samples]) for (c, w), summary in ordered]):
+        print(line)
     for workers in args.workers:
         ratios = [
             f"ours/{other} {ratio:.2f}"
@@ -905,6 +930,11 @@ def report(
         ]
         if e2e:
             print(f"end to end (every start inside the clock), {workers} worker(s): " + ", ".join(e2e))
+        if lat := _latency_ratios(groups, workers):
+            print(
+                f"latency against DBOS (ours/dbos of the median percentiles, below 1 ours is quicker), "
+                f"{workers} worker(s): {lat}"
+            )
     for name, (on, off) in COSTS.items():
         for workers in args.workers:
             if (cost := feature_cost(samples, workers, on, off)) is not None:
@@ -931,7 +961,26 @@ def report(
             f"event API alone: {api_rate:.0f} events/s (gunicorn, {API_WORKERS} sync workers, token, "
             f"arrays of {API_BATCH}, 3 clients, no executor)"
         )
-    print(json.dumps(summary_json(groups, args, start_seconds, samples, api_rate)))
+    print(json.dumps(summary_json(groups, args, start_seconds, samples, api_rate, machine)))
+
+
+def _latency(groups: dict[tuple[str, int], Summary], contender: str, workers: int, figure: str) -> dict | None:
+    summary = groups.get((contender, workers))
+    return latency.median_of([s.latency for s in summary.samples], figure) if summary else None
+
+
+def _latency_ratios(groups: dict[tuple[str, int], Summary], workers: int) -> str:
+    """ours/dbos of the step and run p50 and p99, for the end-to-end contenders (whose clock
+    starts where DBOS's does)."""
+    parts = []
+    for ours in ("ours_e2e", "ours_call_e2e"):
+        for figure in ("step", "run"):
+            mine, theirs = _latency(groups, ours, workers, figure), _latency(groups, "dbos", workers, figure)
+            if mine and theirs and theirs["p50"] and theirs["p99"]:
+                parts.append(
+                    f"{ours} {figure} p50 {mine['p50'] / theirs['p50']:.2f} p99 {mine['p99'] / theirs['p99']:.2f}"
+                )
+    return ", ".join(parts)
 
 
 def _cell(summary: Summary, metric: Callable[[Sample], float | None]) -> str:
@@ -989,6 +1038,7 @@ def summary_json(
     start_seconds: float | None,
     samples: Sequence[Sample] = (),
     api_rate: float | None = None,
+    machine: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     workers = 2 if 2 in args.workers else args.workers[0]
 
@@ -1037,6 +1087,11 @@ def summary_json(
             result[key] = {n: round(cost[index], 4) for n, cost in costs.items()} or None
         cpus = {str(n): cpu for n in args.workers if (cpu := cpu_cost(samples, n, on, off)) is not None}
         result[f"{name}_cpu"] = {n: round(1 - off_ms / on_ms, 4) for n, (on_ms, off_ms) in cpus.items()} or None
+    # Per durable contender at ``workers``: p50/p95/p99 and count (bench/latency.py), ms.
+    for key, figure in (("step_latency_ms", "step"), ("step_intent_latency_ms", "intent"), ("run_latency_ms", "run")):
+        found = {c: _latency(groups, c, workers, figure) for c in CONTENDERS}
+        result[key] = {c: value for c, value in found.items() if value} or None
+    result["machine"] = machine
     return result
 
 
@@ -1096,10 +1151,7 @@ def run(args: argparse.Namespace, server: Server, children: Children, tmp: Path)
                     )
                     samples.append(sample)
     api_rate = bench.api_ingestion(templates["ours_api"]) if "ours_api" in contenders else None
-    machine = (
-        f"PostgreSQL {server.version()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"load average {load:.1f} at the start and {os.getloadavg()[0]:.1f} at the end"
-    )
+    machine = latency.machine(server.version(), load, os.getloadavg()[0])
     report(samples, args, machine, start_seconds, api_rate, bench.claims)
 
 
