@@ -85,6 +85,20 @@ def waiting(rows: list[StepExecution]) -> StepExecution | None:
     return next((row for row in rows if row.state not in DONE_STEP_STATES), None)
 
 
+def next_turn(name: str, policy: AgentPolicy, rows: list[StepExecution]) -> tuple[int, str]:
+    """Once every row of agent ``name``'s journal is done: the number of the turn to add next,
+    or 0 and why an operator must decide instead (a budget spent)."""
+    turns_ = turns(rows)
+    asked = sum(1 for turn in turns_ if turn.state != StepState.SKIPPED)  # a fork's left-out turns are not counted
+    invalid = invalid_calls(rows)
+    if invalid > policy.argument_errors:
+        budget = policy.argument_errors
+        return 0, f"{name}: the model asked for {invalid} tool call(s) with invalid arguments (budget {budget})"
+    if asked >= policy.max_turns:
+        return 0, f"{name}: no final answer after {asked} model turn(s)"
+    return max((parse_journal_name(turn.step_name).turn for turn in turns_), default=0) + 1, ""
+
+
 def context(policy: AgentPolicy, base: StepContext, rows: list[StepExecution], turn: int) -> AgentContext:
     """What the function of turn ``turn`` is asked with: the conversation of the turns before it."""
     earlier = [row for row in rows if parse_journal_name(row.step_name).turn < turn]

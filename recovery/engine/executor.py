@@ -22,7 +22,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import InterfaceError, OperationalError
 
 from recovery import clock
-from recovery.engine import agent, failpoints, guards, transitions
+from recovery.engine import agent, failpoints, fold, guards, transitions
 from recovery.engine.calls import as_outcome, database_unavailable, invoke, validate_decision, working_on
 from recovery.engine.compensating import compensate_once
 from recovery.engine.local_steps import execute_local
@@ -31,7 +31,15 @@ from recovery.engine.transitions import Lease
 from recovery.errors import ErrorKind, InvalidModelOutput, LeaseLost, PermanentError, StepError, UnknownOutcome
 from recovery.models import DecisionState, ModelDecision, OutboxState, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
-from recovery.workflow import Outcome, Reconcile, StepSpec, journal_rows, parse_journal_name, payload_hash
+from recovery.workflow import (
+    Outcome,
+    Reconcile,
+    StepContext,
+    StepSpec,
+    journal_rows,
+    parse_journal_name,
+    payload_hash,
+)
 
 log = logging.getLogger("recovery.executor")
 
@@ -111,10 +119,23 @@ def _step_once(lease: Lease, plan: Plan) -> bool:
         return _finish(lease, plan)
     name = step.step_name
     with working_on(f"step {name}", plan.run, step=name, attempt=step.attempts, key=step.idempotency_key):
-        return _step(lease, plan, step)
+        made = _step(lease, plan, step)
+    while isinstance(made, fold.Begun):  # the next call, begun in the commit of the one before
+        step = made.step
+        with working_on(
+            f"step {step.step_name}",
+            made.plan.run,
+            step=step.step_name,
+            attempt=step.attempts,
+            key=step.idempotency_key,
+        ):
+            made = _call(lease, made.plan, made.spec, step, made.ctx) or True
+    return made
 
 
-def _step(lease: Lease, plan: Plan, step: StepExecution) -> bool:
+def _step(lease: Lease, plan: Plan, step: StepExecution) -> bool | fold.Begun:
+    """Make one transition of ``step``. Returns whether to go on, or the next call when its
+    intent was written with this step's outcome (``fold``): to be made next."""
     spec = plan.workflow.get_step(step.step_name)
     if spec.is_agent:
         return _agent(lease, plan, spec, step)
@@ -137,11 +158,10 @@ def _step(lease: Lease, plan: Plan, step: StepExecution) -> bool:
     if step.state == StepState.UNKNOWN:
         return _reconcile(lease, plan, spec, step)
 
-    _execute(lease, plan, spec, step)
-    return True
+    return _execute(lease, plan, spec, step) or True
 
 
-def _agent(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> bool:
+def _agent(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> bool | fold.Begun:
     """One transition of an agent step, from its journal: the first row not done yet (a model
     turn or a tool call) is taken as any step is — made, retried, reconciled; once every row is
     done, the next turn is added, unless a budget is spent (then an operator decides). The
@@ -155,24 +175,11 @@ def _agent(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> boo
     if row is not None:
         with working_on(f"step {row.step_name}", plan.run, step=row.step_name, attempt=row.attempts):
             return _step(lease, plan, row)
-    policy, turns = spec.agent, agent.turns(rows)
-    asked = sum(1 for turn in turns if turn.state != StepState.SKIPPED)  # a fork's left-out turns are not counted
-    invalid = agent.invalid_calls(rows)
-    if invalid > policy.argument_errors:
-        transitions.run_review(
-            lease=lease,
-            step_name=spec.name,
-            reason=f"{spec.name}: the model asked for {invalid} tool call(s) with invalid arguments "
-            f"(budget {policy.argument_errors})",
-        )
+    turn, why_not = agent.next_turn(spec.name, spec.agent, rows)
+    if not turn:
+        transitions.run_review(lease=lease, step_name=spec.name, reason=why_not)
         return False
-    if asked >= policy.max_turns:
-        transitions.run_review(
-            lease=lease, step_name=spec.name, reason=f"{spec.name}: no final answer after {asked} model turn(s)"
-        )
-        return False
-    after = max((parse_journal_name(turn.step_name).turn for turn in turns), default=0)
-    transitions.agent_turn_add(lease=lease, agent=spec.name, turn=after + 1, key_version=step.key_version)
+    transitions.agent_turn_add(lease=lease, agent=spec.name, turn=turn, key_version=step.key_version)
     return True
 
 
@@ -229,13 +236,12 @@ def _finish(lease: Lease, plan: Plan) -> bool:
     return False
 
 
-def _reconcile(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> bool:
+def _reconcile(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> bool | fold.Begun:
     """Resolve an unknown outcome before anything else is written (rule 7)."""
     if spec.reconcile in (Reconcile.RERUN, Reconcile.RESEND):
         # Safe by declaration: re-running has no double effect, or the receiver keeps its
         # first result for this key and replays it.
-        _execute(lease, plan, spec, step)
-        return True
+        return _execute(lease, plan, spec, step) or True
     if spec.reconcile == Reconcile.LOOKUP and spec.lookup_fn is not None:
         found, error = invoke(spec.lookup_fn, plan.context(step), lease=lease)
         if error is not None:
@@ -289,7 +295,7 @@ def _absent_or_wait(lease: Lease, spec: StepSpec, step: StepExecution) -> bool:
     return True
 
 
-def _execute(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> None:
+def _execute(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> fold.Begun | None:
     name = step.step_name
     failpoints.hit(name, "before_intent")
     ctx = plan.context(step)
@@ -357,24 +363,35 @@ def _execute(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> N
     counted = not local or lease.taken_over
     if counted:
         transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
-    if local:
-        attempt = None if counted else (intent, request_hash)
-        error = execute_local(lease, plan, spec, step, replace(ctx, intent=intent), attempt=attempt)
-        if error is None:
-            return
-        if not counted:  # rolled back: recorded as any failed attempt is, begun then failed
-            transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
-        raw = None
-    else:
-        raw, error = invoke(
-            spec.call, replace(ctx, intent=intent), lease=lease, point=name, timed=plan.run.workflow_name
-        )
+    if not local:
+        return _call(lease, plan, spec, step, replace(ctx, intent=intent))
+    attempt = None if counted else (intent, request_hash)
+    error = execute_local(lease, plan, spec, step, replace(ctx, intent=intent), attempt=attempt)
+    if error is None:
+        return
+    if not counted:  # rolled back: recorded as any failed attempt is, begun then failed
+        transitions.step_begin(lease=lease, step_name=name, intent=intent, request_hash=request_hash)
+    _record(lease, plan, spec, step, None, error)
 
+
+def _call(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution, ctx: StepContext) -> fold.Begun | None:
+    """Make the call whose intent is checkpointed and record its outcome. Returns the next
+    call when its intent was written in the same commit as that outcome (``fold``)."""
+    raw, error = invoke(spec.call, ctx, lease=lease, point=step.step_name, timed=plan.run.workflow_name)
+    return _record(lease, plan, spec, step, raw, error)
+
+
+def _record(
+    lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution, raw: Any, error: StepError | None
+) -> fold.Begun | None:
+    """Record an attempt's outcome. A success may take the next call's intent into its commit:
+    then that call, begun, is returned."""
+    name = step.step_name
     if error is None and spec.is_turn:
         error = _record_turn(lease, plan, spec, step, raw)
         if error is None:
             failpoints.hit(name, "after_outcome")
-            return
+            return None
     decision: dict[str, Any] | None = None
     if error is None and spec.is_decision:
         try:
@@ -384,18 +401,13 @@ def _execute(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> N
         except InvalidModelOutput as exc:
             error = exc
 
+    begun = None
     if error is None:
         outcome = Outcome(remote_ref="", result=decision) if decision is not None else as_outcome(raw)
-        transitions.step_succeed(
-            lease=lease,
-            step_name=name,
-            outcome=outcome,
-            complete_run=plan.is_last(step),
-            decision=decision,
-            spec=spec,
-        )
+        begun = fold.succeed(lease, plan, spec, step, outcome, decision)
     elif error.kind == ErrorKind.UNKNOWN_OUTCOME:
         transitions.step_mark_unknown(lease=lease, step_name=name, error=error, spec=spec)
     else:
         transitions.step_fail(lease=lease, step_name=name, error=error, spec=spec, auto_compensate=plan.auto_compensate)
     failpoints.hit(name, "after_outcome")
+    return begun

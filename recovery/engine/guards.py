@@ -11,7 +11,7 @@ from typing import Any
 
 from recovery.engine import transitions
 from recovery.engine.calls import invoke
-from recovery.engine.transitions import Lease
+from recovery.engine.transitions import Draft, Lease
 from recovery.errors import PolicyRefusal
 from recovery.models import StepExecution, StepState
 from recovery.workflow import Guard, GuardContext, StepContext, StepSpec, Workflow
@@ -44,9 +44,13 @@ def check(
     step: StepExecution,
     ctx: StepContext,
     steps: list[StepExecution],
+    *,
+    draft: Draft | None = None,
 ) -> bool:
     """Run ``spec``'s guards on ``ctx`` (whose intent is the one about to be checkpointed).
-    Returns True when the step may go on; otherwise the refusal or the deferral is recorded."""
+    Returns True when the step may go on; otherwise the refusal or the deferral is recorded —
+    with ``draft`` (the intent to be checkpointed with the step before's outcome), decided on
+    the draft, to be written with it."""
     guards = workflow.guards_for(spec)
     if not guards:
         return True
@@ -55,7 +59,9 @@ def check(
     guard_ctx = GuardContext(**vars(ctx), decision=_decision(workflow, spec, steps))
     _, error = invoke(_run_all(guards, overridden, verdict), guard_ctx, lease=lease)
     if error is not None:
-        transitions.step_defer_check(lease=lease, step_name=spec.name, rule=verdict.checking, error=error, spec=spec)
+        transitions.step_defer_check(
+            lease=lease, step_name=spec.name, rule=verdict.checking, error=error, spec=spec, draft=draft
+        )
         return False
     if verdict.refusal is not None:
         refusal = verdict.refusal
@@ -67,6 +73,7 @@ def check(
             message=refusal.message,
             values=refusal.values,
             to_model=agent is not None and agent.agent is not None and agent.agent.refusals == "model",
+            draft=draft,
         )
         return False
     return True

@@ -18,7 +18,7 @@ from recovery.errors import ApprovalRequired, InvalidTransition, NotPermitted
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from recovery.workflow import get_workflow, idempotency_key
 from tests.support import receivers
-from tests.support.engine import assert_invariants, crash_at, drive, person
+from tests.support.engine import assert_invariants, crash_at, drive, person, unfolded
 from tests.support.versioned_v1 import versioned_v1
 from tests.support.workflows import Decision
 
@@ -40,7 +40,10 @@ def start_v1(**event):
 
 def stopped_after_read(clock, monkeypatch, undeploy):
     """A v1 run whose executor died after ``read``, before ``create_task``'s intent (nothing of
-    it begun), and whose version then went with a deploy: stranded, running under an expired lease."""
+    it begun), and whose version then went with a deploy: stranded, running under an expired lease.
+    An executor now writes ``create_task``'s intent with ``read``'s outcome (recovery.engine.fold);
+    this is the run as one of before that change left it, which a deploy meets."""
+    unfolded(monkeypatch)
     run = start_v1()
     crash_at(monkeypatch, "create_task:before_intent", lambda: advance(run.pk))
     clock.advance(60)

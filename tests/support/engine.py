@@ -55,6 +55,16 @@ def crash_at(monkeypatch, failpoint: str, call: Callable[[], Any]) -> None:
         monkeypatch.delenv("RECOVERY_FAILPOINTS")
 
 
+def unfolded(monkeypatch) -> None:
+    """Executors that write a call's outcome apart from the next call's intent, as before
+    recovery.engine.fold: for a test whose stage needs the resting point between the two (a
+    fault armed after one call and before the next, a run as a deploy meets it from an executor
+    of before the change), which folded executors no longer pass through."""
+    from recovery.engine import fold
+
+    monkeypatch.setattr(fold, "_next_call", lambda lease, plan, draft, done: None)
+
+
 def advance_as_dying_workers(run: WorkflowRun, clock: MovableClock, rounds: int) -> WorkflowRun:
     """``rounds`` executors in turn, each taking the run over once the last one's lease has
     expired; an armed failpoint's raise ends an executor as a crash would."""

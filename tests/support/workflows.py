@@ -143,6 +143,44 @@ def _(ctx):
     return receivers.reverse_entry(entry_ref=ctx.intent["remote_ref"], reference=ctx.idempotency_key)
 
 
+# --- two calls, the second with no way to find out what happened: an operator reconciles it ---
+
+folded = Workflow(
+    "test_folded",
+    version=1,
+    input_schema=Event,
+    workflow_id=lambda i: f"folded:{i['tenant']}:{i['order_id']}",
+    description="a call, then a call whose unknown outcome only an operator can settle",
+)
+
+
+@folded.step(effect="a new task in the tracker", rerun=Rerun.NO, reconcile=Reconcile.RESEND, retry=FAST)
+def open_task(ctx):
+    return receivers.create_task(key=ctx.idempotency_key, payload=ctx.intent)
+
+
+@open_task.intent
+def _(ctx):
+    return {"title": f"Approve {ctx.input['order_id']}"}
+
+
+@folded.step(effect="a message to the approver", rerun=Rerun.NO, reconcile=Reconcile.OPERATOR, retry=FAST)
+def tell(ctx):
+    return receivers.send_message(client_ref=ctx.idempotency_key, payload=ctx.intent)
+
+
+@tell.intent
+def _(ctx):
+    return {"task": ctx.result("open_task")["task_id"]}
+
+
+@folded.guard("not_on_hold", steps=["tell"])
+def _(ctx):
+    """No message for an order on hold (a business rule, read from the event: no I/O)."""
+    if ctx.input["text"].startswith("on hold"):
+        raise PolicyRefusal("not_on_hold", f"order {ctx.input['order_id']} is on hold", {"text": ctx.input["text"]})
+
+
 # --- local steps: effects written to the engine's own database, committed with the outcome ---
 
 local = Workflow(

@@ -16,7 +16,7 @@ from recovery.errors import InvalidTransition
 from recovery.models import AuditEvent, RunState, StepExecution, StepState
 from sandbox import faults
 from sandbox.models import LedgerEntry, Task
-from tests.support.engine import crash_at, drive, person, resolve_happened
+from tests.support.engine import crash_at, drive, person, resolve_happened, unfolded
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 
@@ -39,6 +39,7 @@ def start(tenant: str, invoice_id: str):
 def unknown_task_run(clock, monkeypatch, invoice_id="INV-77"):
     """As the issue reproduced it: the task committed, its answer lost, the tracker's search (the
     look-up by key) down — from just before the task is created (v2's duplicate check searches too)."""
+    unfolded(monkeypatch)  # the faults are armed between the duplicate check's search and the task's call
     run = start("acme", invoice_id)
     crash_at(monkeypatch, "create_approval_task:before_intent", lambda: advance(run.pk))
     faults.set_fault("tasks", "create", "commit_then_drop")

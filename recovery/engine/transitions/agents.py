@@ -40,6 +40,7 @@ from ._core import (
     _step_transition,
     require_reason,
 )
+from .checkpoints import Draft
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
 
 
@@ -53,9 +54,16 @@ class Call(Protocol):
 
 
 def agent_turn_add(
-    *, lease: Lease, agent: str, turn: int, key_version: int, now: datetime | None = None
+    *,
+    lease: Lease,
+    agent: str,
+    turn: int,
+    key_version: int,
+    now: datetime | None = None,
+    draft: Draft | None = None,
 ) -> StepExecution:
-    """Add the agent's next model turn to its journal, pending (asked next)."""
+    """Add the agent's next model turn to its journal, pending (asked next). With ``draft``:
+    decided on it (with the outcome of the step before, say), for the caller to commit."""
     added: list[StepExecution] = []
 
     def body(change: _Change) -> None:
@@ -65,7 +73,7 @@ def agent_turn_add(
         change.reason = f"model turn {turn}"
         change.extra = {"turn": turn}
 
-    _step_transition(lease, agent, "agent_turn_add", now, body)
+    _step_transition(lease, agent, "agent_turn_add", now, body, draft=draft)
     return added[-1]
 
 

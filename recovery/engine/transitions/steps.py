@@ -266,7 +266,14 @@ def _plain(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def step_defer_check(
-    *, lease: Lease, step_name: str, rule: str, error: StepError, spec: StepSpec, now: datetime | None = None
+    *,
+    lease: Lease,
+    step_name: str,
+    rule: str,
+    error: StepError,
+    spec: StepSpec,
+    now: datetime | None = None,
+    draft: Draft | None = None,
 ) -> StepExecution:
     """A guard could not read the state it checks (the other system failed): nothing was
     sent. A retryable failure checks again later, within the step's retry budget (counted in
@@ -295,7 +302,7 @@ def step_defer_check(
         change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = message[:1000]
 
-    return _step_transition(lease, step_name, "check_deferred", now, body)
+    return _step_transition(lease, step_name, "check_deferred", now, body, draft=draft)
 
 
 def step_mark_unknown(
