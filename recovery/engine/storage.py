@@ -175,6 +175,42 @@ def checkpoint_many(
     a start's steps) and the INSERT of the audit events (all with the same columns; chained in
     this order), each only if the one before matched. False if the fence did not match; then
     nothing was written."""
+    sql, params = _many(run_pk, run_values, fence, steps, events, ())
+    with _cursor(connections[DEFAULT_DB_ALIAS]) as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == len(events)
+
+
+def checkpoint_adding(
+    run_pk: int,
+    run_values: dict[str, Any],
+    fence: dict[str, Any],
+    steps: dict[int, dict[str, Any]],
+    events: list[dict[str, Any]],
+    new: list[models.Model],
+) -> dict[str, int] | None:
+    """PostgreSQL only: ``checkpoint_many`` that also inserts ``new`` step rows of the run (an
+    agent's journal rows; at least one), as one statement: the rows go as one JSON parameter (as
+    a start's steps), inserted in their order only if the fence matched. Returns their ids by
+    step name, or None if the fence did not match; then nothing was written."""
+    assert new, "checkpoint_many writes a checkpoint without new rows"
+    sql, params = _many(run_pk, run_values, fence, steps, events, new)
+    with _cursor(connections[DEFAULT_DB_ALIAS]) as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    return {name: pk for pk, name in found} if len(found) == len(new) else None
+
+
+def _many(
+    run_pk: int,
+    run_values: dict[str, Any],
+    fence: dict[str, Any],
+    steps: dict[int, dict[str, Any]],
+    events: list[dict[str, Any]],
+    new: Iterable[models.Model],
+) -> tuple[str, list[Any]]:
+    """The statement of ``checkpoint_many`` (``new`` empty) or ``checkpoint_adding``, with its
+    parameters: whatever the number of steps or new rows, one text per shape."""
     from recovery.models import StepExecution
 
     connection = connections[DEFAULT_DB_ALIAS]
@@ -182,8 +218,8 @@ def checkpoint_many(
     step_names = tuple(sorted(next(iter(steps.values())))) if steps else ()
     audit_names = tuple(sorted(events[0]))
     shape, fence_params = _fence(fence)
-    sql, run_fields, step_fields, audit_fields = _checkpoint_many_sql(
-        run_names, shape, step_names, audit_names, len(events)
+    sql, run_fields, step_fields, audit_fields, new_fields = _checkpoint_many_sql(
+        run_names, shape, step_names, audit_names, len(events), bool(new)
     )
     params = [*_params(connection, run_names, run_fields, run_values), run_pk, *fence_params]
     if steps:
@@ -191,9 +227,9 @@ def checkpoint_many(
         params.append(_step_rows(((StepExecution._meta.pk, False), *step_fields), rows))
     for event in events:
         params.extend(_params(connection, audit_names, audit_fields, event))
-    with _cursor(connection) as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount == len(events)
+    if new_fields:
+        params.append(_step_rows(new_fields, (vars(row) for row in new)))  # with run_id: the ORM's row
+    return sql, params
 
 
 @cache
@@ -203,30 +239,37 @@ def _checkpoint_many_sql(
     step_names: tuple[str, ...],
     audit_names: tuple[str, ...],
     events: int,
-) -> tuple[str, Columns, Columns, Columns]:
+    adding: bool,
+) -> tuple[str, Columns, Columns, Columns, Columns]:
     from recovery.models import StepExecution
 
     quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
     fenced, run_fields, insert, typed, audit_fields = _checkpoint_parts(run_names, fence, audit_names)
     step_fields = _columns(StepExecution, step_names)
     step_table = quote(StepExecution._meta.db_table)
-    values = f"(VALUES {', '.join([f'({typed})'] * events)}) AS e"
-    if not step_names:  # a transition of the run alone
-        return (
-            f"{fenced} {insert} SELECT e.* FROM {values} WHERE EXISTS (SELECT FROM fenced)",
-            run_fields,
-            (),
-            audit_fields,
-        )
-    sets = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field, _ in step_fields)
+    rows = f"json_populate_recordset(NULL::{step_table}, CAST(%s AS json))"
+    sql = fenced
+    if step_names:
+        sets = ", ".join(f"{quote(field.column)} = v.{quote(field.column)}" for field, _ in step_fields)
+        sql += f', stepped AS (UPDATE {step_table} AS s SET {sets} FROM {rows} AS v WHERE s."id" = v."id" '
+        sql += "AND EXISTS (SELECT FROM fenced) RETURNING 1)"
     # As in a start: the events are chained in the order of their VALUES rows.
-    sql = (
-        f"{fenced}, stepped AS (UPDATE {step_table} AS s SET {sets} "
-        f"FROM json_populate_recordset(NULL::{step_table}, CAST(%s AS json)) AS v "
-        f'WHERE s."id" = v."id" AND EXISTS (SELECT FROM fenced) RETURNING 1) '
-        f"{insert} SELECT e.* FROM {values} WHERE EXISTS (SELECT FROM stepped)"
+    logged = f"{insert} SELECT e.* FROM (VALUES {', '.join([f'({typed})'] * events)}) AS e"
+    logged += f" WHERE EXISTS (SELECT FROM {'stepped' if step_names else 'fenced'})"
+    if not adding:  # every data-modifying CTE runs, read or not: the main statement writes the events
+        return f"{sql} {logged}", run_fields, step_fields, audit_fields, ()
+    # The new rows, in the document's order (their ids in that order, as one save() after the
+    # other gives them), read back: none if the fence did not match. The steps' document holds
+    # their run_id, as each instance does.
+    new_fields = _document_columns(StepExecution)
+    names = ", ".join(quote(field.column) for field, _ in new_fields)
+    sql += (
+        f", logged AS ({logged}), inserted AS (INSERT INTO {step_table} ({names}) "
+        f"SELECT {', '.join(f'v.{quote(field.column)}' for field, _ in new_fields)} "
+        f"FROM {rows} WITH ORDINALITY AS v WHERE EXISTS (SELECT FROM fenced) ORDER BY v.ordinality "
+        f'RETURNING "id", "step_name") SELECT "id", "step_name" FROM inserted'
     )
-    return sql, run_fields, step_fields, audit_fields
+    return sql, run_fields, step_fields, audit_fields, new_fields
 
 
 @cache
@@ -463,6 +506,15 @@ def _written(model: type[models.Model], *, without: str = "") -> Columns:
     return tuple((field, isinstance(field, models.JSONField)) for field in fields)
 
 
+def _document_columns(model: type[models.Model], *, without: str = "") -> Columns:
+    """``_written``, for rows written from a JSON document (``_step_rows``)."""
+    columns = _written(model, without=without)
+    # A json column would keep the document's text as _step_rows wrote it, not as the field would.
+    if any(field.db_type(connections[DEFAULT_DB_ALIAS]) == "json" for field, _ in columns):
+        raise TypeError(f"a {model.__name__}'s json column cannot be written from a JSON document")
+    return columns
+
+
 @cache
 def _start_sql(events: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, Columns, Columns]:
     """The start statement for ``events`` audit events of these columns, for any number of steps."""
@@ -471,11 +523,8 @@ def _start_sql(events: int, audit_names: tuple[str, ...]) -> tuple[str, Columns,
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
     run_fields = _written(WorkflowRun)
-    step_fields = _written(StepExecution, without="run")
+    step_fields = _document_columns(StepExecution, without="run")
     audit_fields = _columns(AuditEvent, audit_names)
-    # A json column would keep the document's text as _step_rows wrote it, not as the field would.
-    if any(field.db_type(connection) == "json" for field, _ in step_fields):
-        raise TypeError("a step's json column cannot be written from the steps' JSON document")
 
     def names(columns: Columns, prefix: str = "") -> str:
         return ", ".join(prefix + quote(field.column) for field, _ in columns)

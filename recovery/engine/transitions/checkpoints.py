@@ -6,12 +6,13 @@ from the leased run as the executor last wrote it (a ``Draft``: copies of the ru
 steps it changes) and its inputs to a ``Checkpoint`` — the run's and the steps' changed fields,
 the rows to insert, the audit event. ``Lease.commit`` writes one checkpoint or a list of them
 (a group of local steps, a step's outcome with the next step's intent) fenced by the lease's
-generation and the run's revision as the draft read it: on PostgreSQL as one statement (unless
-it inserts rows: one transaction), elsewhere as one transaction. Only once that write has
-succeeded does the executor's copy (``Lease.seen``) become the draft's. A fence that no longer
-matches (someone else saved the run, or the lease is gone) writes nothing and raises
-``FenceMiss``; the caller reads the run again and decides again (``transitions._core.transition``
-does it under the run's lock): a transition's decision may be made twice, its write never.
+generation and the run's revision as the draft read it: on PostgreSQL as one statement (new step
+rows included, unless it inserts a ModelDecision: then one transaction), elsewhere as one
+transaction. Only once that write has succeeded does the executor's copy (``Lease.seen``)
+become the draft's. A fence that no longer matches (someone else saved the run, or the lease is
+gone) writes nothing and raises ``FenceMiss``; the caller reads the run again and decides again
+(``transitions._core.transition`` does it under the run's lock): a transition's decision may be
+made twice, its write never.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, models, transaction
 from django.db.models.base import ModelState
 
 from recovery.engine import observed, storage
@@ -52,6 +53,9 @@ class Lease:
     # whatever it was doing may have killed it, so this executor checkpoints every attempt
     # before making it, local steps included (see executor._execute, local_steps).
     taken_over: bool = False
+    # The step whose intent the claim's own write checkpointed (a claimed start's first call:
+    # ``run_start_claimed``), to be called next — not a step left running by a lost executor.
+    begun: str = ""
 
     def commit(self, checkpoints: Checkpoint | Sequence[Checkpoint]) -> None:
         """Write ``checkpoints`` (all decided on one draft of this lease's run) as one write;
@@ -176,8 +180,11 @@ def write(lease: Lease, checkpoints: list[Checkpoint]) -> None:
     updates = {draft.changed[name].pk: values for name, values in step_values.items() if name not in inserted}
     events = [checkpoint.event for checkpoint in checkpoints]
     fence = checkpoints[0].fence
-    if connection.vendor == "postgresql" and not rows:
-        written = _one_statement(lease.run_pk, run_values, fence, updates, events, draft)
+    # One statement writes new step rows (an agent's journal) too; a ModelDecision row is
+    # written with its checkpoint in one transaction, through the ORM (it is rare: a decision's
+    # success, which commits alone).
+    if connection.vendor == "postgresql" and all(isinstance(row, StepExecution) for row in rows):
+        written = _one_statement(lease.run_pk, run_values, fence, updates, events, draft, rows)
     else:
         written = _one_transaction(lease.run_pk, run_values, fence, updates, rows, events)
     if not written:
@@ -196,18 +203,27 @@ def _one_statement(
     updates: dict[int, dict[str, Any]],
     events: list[dict[str, Any]],
     draft: Draft,
+    rows: list[StepExecution],
 ) -> bool:
-    if len(updates) == 1 and len(events) == 1:
+    if len(updates) == 1 and len(events) == 1 and not rows:
         (step_pk, values), event = next(iter(updates.items())), events[0]
         return storage.checkpoint(run_pk, run_values, fence, step_pk, values, event)
     # One statement writes the same columns of each step: each step's changed ones, with the
     # draft's values of the others (what the database holds while the fence matches).
     columns = set().union(*updates.values()) if updates else set()
     by_pk = {step.pk: step for step in draft.changed.values()}
-    rows = {
+    steps = {
         pk: {name: values.get(name, getattr(by_pk[pk], name)) for name in columns} for pk, values in updates.items()
     }
-    return storage.checkpoint_many(run_pk, run_values, fence, rows, events)
+    if not rows:
+        return storage.checkpoint_many(run_pk, run_values, fence, steps, events)
+    ids = storage.checkpoint_adding(run_pk, run_values, fence, steps, events, rows)
+    if ids is None:
+        return False
+    for row in rows:  # as row.save() leaves it
+        row.pk = ids[row.step_name]
+        row._state.adding, row._state.db = False, DEFAULT_DB_ALIAS
+    return True
 
 
 def _one_transaction(
