@@ -66,7 +66,9 @@ def start_and_advance(
     gives its run as it is, with None: it is not advanced here (whoever holds it, or claims it
     when it is due, does)."""
     try:
-        run, lease = transitions.run_start_claimed(workflow=workflow, data=data, owner=owner, actor=actor)
+        run, lease = transitions.run_start_claimed(
+            workflow=workflow, data=data, owner=owner, actor=actor, first=fold.first_call
+        )
     except (OperationalError, InterfaceError) as exc:
         raise database_unavailable(exc, f"the start of a {workflow} run") from exc
     return run, None if lease is None else advance_claimed(lease)
@@ -80,6 +82,8 @@ def advance_claimed(lease: Lease) -> str | None:
 
 def _advance_bound(lease: Lease) -> str | None:
     try:
+        if lease.begun:  # the start wrote its first call's intent: make that call first
+            _first_call(lease)
         for _ in range(MAX_TRANSITIONS_PER_CLAIM):
             plan = load(lease)
             if plan is None:
@@ -120,17 +124,26 @@ def _step_once(lease: Lease, plan: Plan) -> bool:
     name = step.step_name
     with working_on(f"step {name}", plan.run, step=name, attempt=step.attempts, key=step.idempotency_key):
         made = _step(lease, plan, step)
-    while isinstance(made, fold.Begun):  # the next call, begun in the commit of the one before
-        step = made.step
-        with working_on(
-            f"step {step.step_name}",
-            made.plan.run,
-            step=step.step_name,
-            attempt=step.attempts,
-            key=step.idempotency_key,
-        ):
+    return _made_begun(lease, made)
+
+
+def _made_begun(lease: Lease, made: bool | fold.Begun) -> bool:
+    """Make the calls begun in the commit of the one before (``fold``), one after the other."""
+    while isinstance(made, fold.Begun):
+        step, name = made.step, made.step.step_name
+        with working_on(f"step {name}", made.plan.run, step=name, attempt=step.attempts, key=step.idempotency_key):
             made = _call(lease, made.plan, made.spec, step, made.ctx) or True
     return made
+
+
+def _first_call(lease: Lease) -> None:
+    """The call a claimed start checkpointed with it (``Lease.begun``): made as any begun call."""
+    plan = load(lease)
+    if plan is None:
+        return
+    step = next(s for s in plan.steps if s.step_name == lease.begun)
+    spec = plan.workflow.get_step(step.step_name)
+    _made_begun(lease, fold.Begun(plan=plan, spec=spec, step=step, ctx=plan.context(step)))
 
 
 def _step(lease: Lease, plan: Plan, step: StepExecution) -> bool | fold.Begun:

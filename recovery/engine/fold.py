@@ -29,7 +29,7 @@ from recovery.engine import agent, failpoints, guards, transitions
 from recovery.engine.plan import Plan, build_intent
 from recovery.engine.transitions import DONE_STEP_STATES, Draft, Lease
 from recovery.errors import InvalidTransition
-from recovery.models import StepExecution, StepState
+from recovery.models import StepExecution, StepState, WorkflowRun
 from recovery.workflow import (
     Outcome,
     StepContext,
@@ -38,6 +38,7 @@ from recovery.workflow import (
     journal_rows,
     parse_journal_name,
     payload_hash,
+    workflow_of,
 )
 
 
@@ -134,6 +135,25 @@ def _next_turn(lease: Lease, after: Plan, draft: Draft, name: str) -> None:
     turn, _ = agent.next_turn(name, policy, rows)
     if turn:
         transitions.agent_turn_add(lease=lease, agent=name, turn=turn, key_version=agent_step.key_version, draft=draft)
+
+
+def first_call(run: WorkflowRun, steps: list[StepExecution]) -> tuple[str, dict[str, Any], str] | None:
+    """For a claimed start (``transitions.run_start_claimed``): the first step, its intent and
+    request hash, when it is a plain call with no guard — to be begun in the start's own write.
+    A crash after that write leaves it begun and nothing sent, as after any intent's commit; a
+    start redelivered by Celery finds the run and leaves it to the takeover."""
+    plan = Plan(run=run, workflow=workflow_of(run), steps=steps)
+    step = plan.next_step()
+    if step is None:
+        return None
+    spec = plan.workflow.get_step(step.step_name)
+    if not _plain_call(spec, step) or plan.workflow.guards_for(spec):
+        return None
+    failpoints.hit(step.step_name, "before_intent")
+    intent, unbuilt = build_intent(plan, spec, plan.context(step))
+    if unbuilt is not None:
+        return None
+    return step.step_name, intent, payload_hash(intent)
 
 
 def _plain_call(spec: StepSpec, step: StepExecution) -> bool:

@@ -160,3 +160,42 @@ def test_an_agent_s_next_turn_is_added_in_the_commit_of_the_call_that_ends_the_t
         own = [write for write in writes if any(name == turn for _, name in write)]
         assert own == [[("step_begin", turn)], [("agent_turn", turn)]], own
     assert_invariants()
+
+
+def test_a_claimed_start_writes_its_first_call_s_intent_with_it():
+    """start_and_advance (a Celery worker's start_run): the run, its claim and its first call's
+    intent are one write; the call is then made, not taken for one left running by a crash."""
+    from recovery.engine.executor import start_and_advance
+
+    with CaptureQueriesContext(connection) as queries:
+        run, state = start_and_advance(workflow="test_folded", data=EVENT)
+
+    assert state == RunState.COMPLETED
+    assert actions(run)[:3] == [("start", ""), ("claim", ""), ("step_begin", "open_task")]
+    assert receivers.counts()["task"] == 1 and receivers.counts()["message"] == 1
+    assert not AuditEvent.objects.filter(run=run, action="step_unknown").exists()
+    if connection.vendor == "postgresql":
+        start = [q["sql"] for q in queries.captured_queries if "WITH new_run AS" in q["sql"]]
+        assert len(start) == 1 and start[0].count("(CAST(%s") == 3  # start, claim, step_begin
+    assert_invariants()
+
+
+@pytest.mark.parametrize("point", ["before_call", "after_call"])
+def test_a_start_redelivered_after_a_crash_leaves_its_begun_call_to_the_takeover(clock, monkeypatch, point):
+    """The worker dies making the first call (before sending it, or after the tracker committed
+    it); Celery redelivers start_run: the run exists, this delivery leaves it; the takeover finds
+    the call begun and settles it by its declared way (a resend under its key): one task."""
+    from recovery.engine.executor import start_and_advance
+
+    crash_at(monkeypatch, f"open_task:{point}", lambda: start_and_advance(workflow="test_folded", data=EVENT))
+    run, state = start_and_advance(workflow="test_folded", data=EVENT)  # the redelivery
+    assert state is None and run.steps.get(step_name="open_task").state == StepState.RUNNING
+    assert receivers.counts()["task"] == (1 if point == "after_call" else 0)
+
+    clock.advance(3600)
+    run = drive(run, clock)
+
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts()["task"] == 1 and receivers.counts()["message"] == 1
+    assert [a for a, name in actions(run) if name == "open_task"][:2] == ["step_begin", "step_unknown"]
+    assert_invariants()

@@ -4,7 +4,7 @@ parking it for review."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,7 +39,8 @@ from ._core import (
 )
 from .checkpoints import _copy
 from .leases import _take_lease
-from .tables import RUN_TRANSITIONS
+from .steps import _record_attempt
+from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
 
 # --- starting a run --------------------------------------------------------------------
 
@@ -60,8 +61,13 @@ def run_start(
     (owner, until), only that executor claims the new run until then, or until it releases it
     (``runs_release_reservation``); an existing run is returned as it is.
     """
-    run, steps = _start(workflow, data, actor, now, reserve=reserve)
+    run, steps, _ = _start(workflow, data, actor, now, reserve=reserve)
     return run, steps is not None
+
+
+# What a claimed start may write with it: its first call begun (recovery.engine.fold.first_call
+# decides which, and with what intent and request hash, from the new run and its steps).
+FirstCall = Callable[[WorkflowRun, list[StepExecution]], tuple[str, dict[str, Any], str] | None]
 
 
 def run_start_claimed(
@@ -71,17 +77,20 @@ def run_start_claimed(
     owner: str | None = None,
     actor: AbstractBaseUser | str | None = None,
     now: datetime | None = None,
+    first: FirstCall | None = None,
 ) -> tuple[WorkflowRun, Lease | None]:
     """``run_start``, with the new run claimed by ``owner`` (default: this process) as it is
     written: the start and the claim an executor would make next, with both their audit events,
-    in one write. For a process that runs what it starts (``executor.start_and_advance``). The
-    lease is None when the event's run existed already: it is returned as it is, for whoever
-    holds it or may claim it."""
+    in one write — and, with ``first``, the first call's intent too (its ``step_begin``): the
+    lease's ``begun`` names it, to be called next. For a process that runs what it starts
+    (``executor.start_and_advance``). The lease is None when the event's run existed already:
+    it is returned as it is, for whoever holds it or may claim it."""
     owner = owner or default_owner()
-    run, steps = _start(workflow, data, actor, now, owner=owner)
+    run, steps, begun = _start(workflow, data, actor, now, owner=owner, first=first)
     if steps is None:
         return run, None
-    return run, Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation, seen=_copy(run, steps))
+    seen = _copy(run, steps)
+    return run, Lease(run_pk=run.pk, owner=owner, generation=run.lease_generation, seen=seen, begun=begun)
 
 
 def _start(
@@ -92,36 +101,63 @@ def _start(
     *,
     reserve: tuple[str, datetime] | None = None,
     owner: str | None = None,
-) -> tuple[WorkflowRun, list[StepExecution] | None]:
-    """The run of the event, and its steps if this call created it (None: it existed)."""
+    first: FirstCall | None = None,
+) -> tuple[WorkflowRun, list[StepExecution] | None, str]:
+    """The run of the event, and its steps if this call created it (None: it existed), and the
+    step begun with it ("" if none: see ``run_start_claimed``)."""
     wf = get_workflow(workflow) if isinstance(workflow, str) else workflow
     event = _event(wf, data)
     now = now or clock.now()
     run = _new_run(wf, event, now, reserve)
-    events = [("start", _actor_fields(actor), {}, _snap(run))]
+    events: list[_StartEvent] = [("start", _actor_fields(actor), {}, _snap(run), "")]
+    new_steps, begun = _new_steps(wf, run, now), ""
     if owner is not None:  # a claim's changes, written with the start
         before = _snap(run)
         _take_lease(run, owner, now)
         run.revision += 1  # as the claim's save bumps it
-        events.append(("claim", _actor_fields(None), before, {**_snap(run), "lease_owner": owner}))
+        events.append(("claim", _actor_fields(None), before, {**_snap(run), "lease_owner": owner}, ""))
+        call = first(run, new_steps) if first is not None else None
+        if call is not None:
+            begun = _begin_first(run, new_steps, *call, now, events)
     with transaction.atomic() if dispatch.queues() else nullcontext():
-        steps = _insert(run, _new_steps(wf, run, now), events, now)
+        steps = _insert(run, new_steps, events, now)
         if steps is not None and reserve is None and owner is None:
             dispatch.enqueue_run(run.pk)  # a reserved or claimed run is driven by its executor
     if steps is None:
         run = WorkflowRun.objects.get(workflow_id=event.workflow_id)
         if not _same_input(run, event):
             raise _conflict(event.workflow_id)
-        return run, None
-    for action, who, _, after in events:
-        _observed(run, action, "", after, who["actor"])
+        return run, None, ""
+    for action, who, _, after, step_name in events:
+        _observed(run, action, step_name, after, who["actor"])
     if owner is not None:
         metrics.claimed(run.workflow_name, due_at=now, now=now)
-    return run, steps
+    return run, steps, begun
 
 
-# An audit event of a start: (action, who (_actor_fields), before, after).
-_StartEvent = tuple[str, dict[str, Any], dict, dict]
+# An audit event of a start: (action, who (_actor_fields), before, after, step name).
+_StartEvent = tuple[str, dict[str, Any], dict, dict, str]
+
+
+def _begin_first(
+    run: WorkflowRun,
+    steps: list[StepExecution],
+    step_name: str,
+    intent: dict[str, Any],
+    request_hash: str,
+    now: datetime,
+    events: list[_StartEvent],
+) -> str:
+    """The claimed start's first call begun with it, as ``step_begin`` would: its intent
+    checkpointed, its attempt counted, the run's current step; its audit event after the claim's."""
+    step = next(s for s in steps if s.step_name == step_name)
+    step.run = run
+    before = _snap(run, step)
+    step.state = _check(STEP_TRANSITIONS, "begin", step.state, "step")
+    _record_attempt(step, intent, request_hash, now)
+    run.current_step = step_name
+    events.append(("step_begin", _actor_fields(None), before, _snap(run, step), step_name))
+    return step_name
 
 
 def _insert(
@@ -139,8 +175,8 @@ def _insert_in_one_statement(
 ) -> bool:
     """PostgreSQL: one round trip (storage.start)."""
     rows = []
-    for action, who, before, after in events:
-        row = _audit_row(run, action, who, "", "", before, after, now)
+    for action, who, before, after, step_name in events:
+        row = _audit_row(run, action, who, step_name, "", before, after, now)
         del row["run_id"]
         rows.append(row)
     written = storage.start(run, steps, rows)
@@ -162,8 +198,8 @@ def _insert_in_transaction(
         with transaction.atomic():
             WorkflowRun.objects.bulk_create([run])
             StepExecution.objects.bulk_create(steps)
-            for action, who, before, after in events:
-                storage.insert(AuditEvent, _audit_row(run, action, who, "", "", before, after, now))
+            for action, who, before, after, step_name in events:
+                storage.insert(AuditEvent, _audit_row(run, action, who, step_name, "", before, after, now))
     except IntegrityError:
         return False
     return True
