@@ -1,10 +1,12 @@
 """The executor: claims a run with a lease and advances it step by step.
 
-For each step: checkpoint the intent (commit), call, checkpoint the outcome (commit). No
-database lock is held across a remote call. A local step (its effect in this database) commits
-its effect, attempt and outcome at once, together with the local steps right after it. A step
-found ``running`` when a run is taken over has an unknown outcome and is reconciled before
-anything else is written.
+For each step: checkpoint the intent (commit), call, checkpoint the outcome (commit) — and
+when the next step is a call too, its intent in that same commit (recovery.engine.fold). No
+database lock is held across a remote call. A local step (its effect in this database)
+commits its effect, attempt and outcome at once, together with the local steps right after
+it. A step found ``running`` when a run is taken over has an unknown outcome and is reconciled
+before anything else is written. Every write is a checkpoint decided on a draft of the run and
+written by ``Lease.commit`` (recovery.engine.transitions.checkpoints).
 
 The same ``advance`` runs in-process (``run_executor``, recovery.engine.loop) and inside a
 Celery task. The run as the executor sees it is recovery.engine.plan; local steps are
