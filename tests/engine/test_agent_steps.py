@@ -22,19 +22,9 @@ from recovery.workflow import compensation_key, get_workflow
 from tests.support import receivers
 from tests.support.engine import advance_as_dying_workers, assert_invariants, drive, person, resolve_happened
 from tests.support.models import RemoteObject
+from tests.support.workflows import JOURNAL
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-# The journal of a dispute the scripted model resolves: find the invoice, then credit it and tell
-# the customer in one turn, then answer.
-JOURNAL = [
-    "resolve:1",
-    "resolve:1:0:find_invoice",
-    "resolve:2",
-    "resolve:2:0:credit",
-    "resolve:2:1:notify_customer",
-    "resolve:3",
-]
 
 
 def start(order_id: str = "1", **data):

@@ -471,6 +471,18 @@ def resolve(ctx):
     return receivers.agent_reply(ctx.input, ctx.messages, [t["function"]["name"] for t in ctx.tools])
 
 
+# The journal of a dispute the scripted model resolves: find the invoice, then credit it and tell
+# the customer in one turn, then answer.
+JOURNAL = [
+    "resolve:1",
+    "resolve:1:0:find_invoice",
+    "resolve:2",
+    "resolve:2:0:credit",
+    "resolve:2:1:notify_customer",
+    "resolve:3",
+]
+
+
 @disputes.step(effect="none", rerun=Rerun.YES, retry=FAST)
 def close(ctx):
     return {"closed": ctx.result("resolve")["resolution"]}
