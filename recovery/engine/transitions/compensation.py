@@ -26,6 +26,7 @@ from ._core import (
     _locked_run_by_id,
     _redacted,
     _release_into,
+    _run_transition,
     _save_run,
     _save_step,
     _snap,
@@ -33,7 +34,6 @@ from ._core import (
     in_flight_text,
     require_reason,
 )
-from .checkpoints import _locked_run
 from .operator import _four_eyes
 from .tables import DONE_STEP_STATES, RUN_TRANSITIONS, STEP_TRANSITIONS
 
@@ -272,19 +272,17 @@ def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunSt
     """Every marked step is compensated. The run is ``compensated`` when no completed effect
     is left; after compensating only some steps it returns to ``completed`` (if nothing else
     is outstanding) or to ``needs_review``."""
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run(lease)
-        before = _snap(run)
+
+    def body(change: _Change) -> RunState:
+        run = change.run
         _check(RUN_TRANSITIONS, "compensation_done", run.state, "run")
         workflow = workflow_of(run)
-        states = dict(StepExecution.objects.filter(run=run).values_list("step_name", "state"))
+        steps = change.draft.steps()
+        states = {step.step_name: step.state for step in steps}
         compensable = {name for name in states if workflow.compensates(name)}
         left = [name for name, state in states.items() if name in compensable and state == StepState.SUCCEEDED]
         if not left:
-            restored = not StepExecution.objects.filter(
-                run=run, state=StepState.COMPENSATED, compensation_restored=False
-            ).exists()
+            restored = not any(s.state == StepState.COMPENSATED and not s.compensation_restored for s in steps)
             # "Rolled back" only where every undone effect truly restored the previous state.
             target, why = RunState.COMPENSATED, "rolled back" if restored else "every completed effect was compensated"
         elif all(state in (*DONE_STEP_STATES, StepState.COMPENSATED) for state in states.values()):
@@ -293,6 +291,8 @@ def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunSt
             target, why = RunState.NEEDS_REVIEW, f"compensated some steps; {', '.join(left)} stand"
         _release_into(run, target, reason=why)
         run.current_step = ""
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason", "current_step"], now)
-        _audit(run, "compensation_done", actor=None, reason=why, before=before, after=_snap(run), now=now)
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason", "current_step"])
+        change.reason = why
         return target
+
+    return _run_transition(lease, "compensation_done", now, body)
