@@ -26,8 +26,9 @@ Invariants: deterministic (the same input and settings give the same output) and
 (``redact(redact(x)) == redact(x)``), so that a hash taken over redacted data is stable; the
 input is never modified, and is returned itself when nothing in it needed redacting. The
 configuration is compiled once into one combined regex (again when a test changes a setting),
-and strings shorter than the shortest possible match are not searched at all: redacting a
-small checkpoint costs microseconds.
+strings shorter than the shortest possible match are not searched at all, and a short string
+already seen (a state, a step's ref) is not searched again (a memo of 10,000 strings of up to
+200 characters per configuration): redacting a small checkpoint costs microseconds.
 
 ``RedactingFilter`` does the same to log records; ``install_log_redaction`` makes every
 record redacted where it is created, whatever handler (console, Celery's, a test's) gets it.
@@ -88,6 +89,9 @@ DEFAULT_SECRET_SETTINGS: tuple[str, ...] = (
 )
 
 MIN_SECRET_LENGTH = 8
+_CLEAN = "\x00clean"  # a memoised string that needed no redaction (no redacted form holds a NUL)
+_MEMO_LENGTH = 200  # longer strings are redacted every time, never kept
+_MEMO_ENTRIES = 10_000
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,19 @@ class _Redactor:
     min_length: int  # strings shorter than this cannot contain a match
     markers: dict[str, str]  # group name -> marker
     keys: dict[str, bool] = field(default_factory=dict, compare=False)  # key name -> sensitive
+    # short string -> its redacted form, or _CLEAN: a checkpoint's states and refs recur
+    strings: dict[str, str] = field(default_factory=dict, compare=False)
 
     def string(self, text: str) -> str:
+        known = self.strings.get(text)
+        if known is not None:
+            return text if known is _CLEAN else known
+        redacted = self._string(text)
+        if len(text) <= _MEMO_LENGTH and len(self.strings) < _MEMO_ENTRIES:
+            self.strings[text] = _CLEAN if redacted == text else redacted
+        return redacted
+
+    def _string(self, text: str) -> str:
         if "\x00" in text:  # PostgreSQL stores no NUL in text or jsonb: a remote error could carry one
             text = text.replace("\x00", NUL_REPLACEMENT)
         if self.regex is None or len(text) < self.min_length:

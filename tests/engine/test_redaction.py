@@ -121,6 +121,19 @@ def test_data_with_nothing_to_redact_is_returned_itself_and_empty_credentials_ar
     assert redact(data) is data
 
 
+def test_a_string_seen_before_is_redacted_the_same_and_a_clean_one_is_returned_itself(settings):
+    settings.OPENAI_API_KEY = KEY
+    secret, clean = f"ref {KEY}", "ordinary-remote-ref-0042"
+    first = [redact_text(secret), redact_text(clean)]
+    again = [redact_text("".join(["ref ", KEY])), redact_text("".join(["ordinary-remote-ref-", "0042"]))]
+    assert first == again == ["ref [REDACTED:OPENAI_API_KEY]", clean]
+    fresh = "".join(["ordinary-remote-ref-", "0042"])  # equal, not the same object: the memo gives it back
+    assert redact({"remote_ref": fresh})["remote_ref"] is fresh
+    settings.OPENAI_API_KEY = "another-key-now-in-use"  # a changed setting: the memo is dropped
+    assert redact_text("another-key-now-in-use") == "[REDACTED:OPENAI_API_KEY]"
+    assert redact_text(secret) == "ref [REDACTED:openai_key]"  # by its pattern now, not from the memo
+
+
 def test_the_settings_extend_and_replace_the_rules(settings):
     settings.RECOVERY_REDACT_FIELDS = ["iban"]
     settings.RECOVERY_REDACT_PATTERNS = {"card": r"\b4[0-9]{15}\b"}
