@@ -259,3 +259,26 @@ def test_a_transition_is_a_value_decided_without_a_database(clock):
     assert checkpoint.steps["read"]["state"] == StepState.RUNNING and checkpoint.steps["read"]["attempts"] == 1
     assert checkpoint.event["action"] == "step_begin" and checkpoint.event["before"]["step"] == StepState.PENDING
     assert step is not read and read.state == StepState.PENDING  # the copy is untouched
+
+
+def test_a_new_step_is_the_row_the_orm_s_constructor_gives_with_its_own_mutable_defaults():
+    from recovery.engine.transitions.runs import new_step
+    from recovery.registry import get_workflow
+    from recovery.workflow import idempotency_key
+
+    run = start()
+    spec = get_workflow("test_orders").steps[1]
+    made, other = new_step(run, spec, run.created_at), new_step(run, spec, run.created_at)
+    orm = StepExecution(
+        run=run,
+        step_name=spec.name,
+        position=spec.position,
+        key_version=spec.key_version,
+        idempotency_key=idempotency_key(run.workflow_id, spec.name, spec.key_version),
+        updated_at=run.created_at,
+    )
+    fields = [f.attname for f in StepExecution._meta.concrete_fields]
+    assert [getattr(made, f) for f in fields] == [getattr(orm, f) for f in fields]
+    assert made.run is run and made._state.adding and made._state.db is None
+    made.overrides.append("x")  # a default made anew for each row, never shared
+    assert other.overrides == [] and StepExecution().overrides == []

@@ -92,6 +92,12 @@ def _clone(obj: models.Model) -> models.Model:
     return new
 
 
+def _point(step: StepExecution, run: WorkflowRun) -> None:
+    """``step.run = run``, without the descriptor's checks (the same model, the same database)."""
+    step.run_id = run.pk
+    StepExecution.run.field.set_cached_value(step, run)
+
+
 class Draft:
     """The leased run as a transition decides on it: a copy of the run and, once asked for
     (``step``), of each step it changes, over the executor's copy (or fresh rows, locked when
@@ -122,7 +128,7 @@ class Draft:
         step = self.changed.get(name)
         if step is None:
             step = _clone(self._read[name])
-            step.run = self.run
+            _point(step, self.run)
             self.changed[name] = step
         return step
 
@@ -133,7 +139,7 @@ class Draft:
 
     def add(self, row: StepExecution) -> None:
         """A new step row (an agent's journal row), inserted by the checkpoint that adds it."""
-        row.run = self.run
+        _point(row, self.run)
         self.changed[row.step_name] = row
 
     def copy(self) -> dict[str, Any]:
@@ -302,6 +308,6 @@ def _copy(run: WorkflowRun, steps: Iterable[StepExecution]) -> dict[str, Any]:
     """``Lease.seen`` for a run and its steps, each step pointing at that run."""
     by_name = {}
     for step in steps:
-        step.run = run
+        _point(step, run)
         by_name[step.step_name] = step
     return {"run": run, "steps": by_name}
