@@ -21,12 +21,13 @@ executors share the runs already started through the engine's own claim.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import select
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -63,6 +64,25 @@ def done(cpu_at_go: float, detail: Callable[[], str] | None = None) -> None:
     used = time.process_time() - cpu_at_go
     say(f"done {used:.3f} {detail() if detail else ''}".rstrip())
     sys.stdin.readline()
+
+
+@contextlib.contextmanager
+def profiled(name: str) -> Iterator[None]:
+    """With ``BENCH_PROFILE=DIR``, the timed work runs under cProfile and its statistics are written to
+    ``DIR/<name>.prof`` (``python -m pstats``); without it, nothing is added."""
+    directory = os.environ.get("BENCH_PROFILE")
+    if not directory:
+        yield
+        return
+    import cProfile
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        profile.dump_stats(os.path.join(directory, f"{name}.prof"))
 
 
 def setup_django() -> None:
@@ -102,9 +122,10 @@ def ours_e2e(ids: range) -> None:
     with connection.cursor() as cursor:
         cursor.execute(FLUSH_STATS)
     cpu = ready_then_wait_for_go()
-    for i in ids:
-        start_and_advance(workflow="bench", data={"id": str(i)})
-    run_forever(until_idle=True, poll_seconds=0.05)
+    with profiled(f"ours_e2e.{ids.start}"):
+        for i in ids:
+            start_and_advance(workflow="bench", data={"id": str(i)})
+        run_forever(until_idle=True, poll_seconds=0.05)
     done(cpu, claim_filter)
     connection.close()
 
