@@ -14,6 +14,8 @@ set-up's transactions are counted before the benchmark's snapshot, not inside it
 go>`` (an engine worker adds what its claims' version filter tested, checked against
 ``BENCH_VERSION_FILTER``: ``done 1.234 filter=on deployed=bench:1,…``) and only tears down after
 ``exit`` on stdin.
+With ``BENCH_PROFILE=DIR`` in the bench's environment, an ``ours_e2e`` worker runs its timed work
+under cProfile and writes ``DIR/ours_e2e.<index>.prof`` (its CPU figure then includes the profiler).
 A DBOS, ceiling or ``ours_e2e`` worker takes workflows ``K, K+N, K+2N, …`` of ``0…M-1``; our
 executors share the runs already started through the engine's own claim.
 """
