@@ -6,7 +6,7 @@ reported as COUNT_CAP by the metrics, so no page or scrape counts a million rows
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.contrib.postgres.expressions import ArraySubquery
@@ -28,6 +28,8 @@ from recovery.models import (
     StepState,
     WorkflowRun,
 )
+from recovery.states import STUCK_LABELS as STUCK_LABELS  # re-exported: cause -> label, in the console's order
+from recovery.states import StuckCause
 
 COUNT_CAP = 10_000  # counts above this read "10,000+": no full COUNT(*) over a big table per request
 
@@ -50,7 +52,8 @@ def runs_among(run_ids: QuerySet) -> Q:
 
 
 def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
-    """Stuck means a person must act, or something is wrong. Causes found on steps are looked up
+    """Each stuck cause (recovery.states.StuckCause, in its order): its label and the runs it
+    finds. Stuck means a person must act, or something is wrong. Causes found on steps are looked up
     from the steps' side (an index on state), so that a cause with few runs costs few rows, not
     a scan of every run; those of a rare run state start from the runs of that state."""
 
@@ -64,65 +67,46 @@ def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
     # (a tool call that failed and waited for its retry is not retries exhausted).
     stopped = Q(state=RunState.NEEDS_REVIEW) & runs_with(state=StepState.PENDING, refusal__rule=AGENT_STOPPED)
 
-    return {
-        "needs_review": ("Needs review", Q(state=RunState.NEEDS_REVIEW)),
+    found = {
+        StuckCause.NEEDS_REVIEW: Q(state=RunState.NEEDS_REVIEW),
         # An unknown outcome the engine is not already about to look up again.
-        "unknown": (
-            "Unknown outcome",
-            any_run_with(state=StepState.UNKNOWN) & ~Q(state=RunState.WAITING, next_wake_at__gt=now),
-        ),
+        StuckCause.UNKNOWN: any_run_with(state=StepState.UNKNOWN) & ~Q(state=RunState.WAITING, next_wake_at__gt=now),
         # Another executor may take it over: not while it is reserved for its owner (the demo's
         # seed plays its runs on a past clock, their leases "expired" hours ago, held all the same).
-        "lease_expired": (
-            "Lease expired",
+        StuckCause.LEASE_EXPIRED: (
             Q(state=RunState.RUNNING, lease_expires_at__lt=now)
-            & (Q(reserved_for__isnull=True) | Q(reserved_until__isnull=True) | Q(reserved_until__lte=now)),
+            & (Q(reserved_for__isnull=True) | Q(reserved_until__isnull=True) | Q(reserved_until__lte=now))
         ),
-        "exhausted": (
-            "Retries exhausted",
+        StuckCause.EXHAUSTED: (
             Q(state=RunState.NEEDS_REVIEW)
             & runs_with(state=StepState.FAILED, last_error_kind__in=[ErrorKind.TRANSIENT, ErrorKind.RATE_LIMITED])
-            & ~stopped,
+            & ~stopped
         ),
-        "agent_stopped": ("Agent stopped", stopped),
-        "failed_with_effects": ("Failed, effects stand", Q(state=RunState.FAILED, effects_stand=True)),
-        "compensation_failed": ("Compensation failed", Q(state=RunState.COMPENSATION_FAILED)),
-        "policy_refused": (
-            "Policy refused",
+        StuckCause.AGENT_STOPPED: stopped,
+        StuckCause.FAILED_WITH_EFFECTS: Q(state=RunState.FAILED, effects_stand=True),
+        StuckCause.COMPENSATION_FAILED: Q(state=RunState.COMPENSATION_FAILED),
+        StuckCause.POLICY_REFUSED: (
             Q(state=RunState.NEEDS_REVIEW)
             & runs_with(state=StepState.PENDING, last_error_kind=ErrorKind.POLICY_REFUSED)
-            & ~stopped,
+            & ~stopped
         ),
-        "model_output": (
-            "Paused for model output",
+        StuckCause.MODEL_OUTPUT: (
             Q(state=RunState.NEEDS_REVIEW)
             & runs_with(state=StepState.FAILED, last_error_kind=ErrorKind.INVALID_MODEL_OUTPUT)
-            & ~stopped,
+            & ~stopped
         ),
-        "message_undelivered": (
-            "Message undelivered",
-            runs_among(OutboxMessage.objects.filter(state=OutboxState.FAILED).values("run_id")),
+        StuckCause.MESSAGE_UNDELIVERED: runs_among(
+            OutboxMessage.objects.filter(state=OutboxState.FAILED).values("run_id")
         ),
-        "approval": (
-            "Waiting for approval",
-            runs_among(ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
-        ),
+        StuckCause.APPROVAL: runs_among(ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
         # A run that would go on, but whose (name, version) this deployment lacks: no executor here
         # claims it (recovery.registry). It waits in its state for its version, or to be moved.
-        "version_not_deployed": (
-            "Version not deployed",
-            Q(state__in=IN_PROGRESS_RUN_STATES) & ~registry.deployed_filter(),
-        ),
+        StuckCause.VERSION_NOT_DEPLOYED: Q(state__in=IN_PROGRESS_RUN_STATES) & ~registry.deployed_filter(),
         # Due (or its lease expired) longer than RECOVERY_EXECUTOR_SILENT_SECONDS ago, unclaimed,
         # and no executor is live (recovery.executors): nothing will move it until one starts.
-        "no_executor": (
-            "No executor",
-            executors.unclaimed(now) & registry.deployed_filter() & executors.none_live(now),
-        ),
+        StuckCause.NO_EXECUTOR: executors.unclaimed(now) & registry.deployed_filter() & executors.none_live(now),
     }
-
-
-STUCK_LABELS = {key: label for key, (label, _) in stuck_causes(datetime.now(UTC)).items()}
+    return {str(cause): (cause.label, found[cause]) for cause in StuckCause}
 
 
 def capped_counts(querysets: list[QuerySet]) -> list[tuple[int, bool]]:

@@ -8,38 +8,14 @@ from simple_history.models import HistoricalRecords
 
 from recovery.errors import ErrorKind
 from recovery.fields import CanonicalJSONField
-
-
-class RunState(models.TextChoices):
-    PENDING = "pending"
-    RUNNING = "running"
-    WAITING = "waiting"  # a retry is scheduled
-    NEEDS_REVIEW = "needs_review"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    COMPENSATING = "compensating"
-    COMPENSATED = "compensated"
-    COMPENSATION_FAILED = "compensation_failed"
-    TERMINATED = "terminated"
-
-
-# The states an executor takes a run forward from by itself (the claim, run_in_progress_idx), and
-# those of a finished run.
-IN_PROGRESS_RUN_STATES = [RunState.PENDING, RunState.WAITING, RunState.COMPENSATING, RunState.RUNNING]
-TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.COMPENSATED, RunState.TERMINATED})
-AGENT_STOPPED = "agent_stopped"  # the rule of the hold an operator's stop puts on an agent step (its refusal)
-
-
-class StepState(models.TextChoices):
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    UNKNOWN = "unknown"
-    COMPENSATING = "compensating"
-    COMPENSATED = "compensated"
-    COMPENSATION_FAILED = "compensation_failed"
-    SKIPPED = "skipped"
+from recovery.states import (  # noqa: F401  (re-exported: the words a run's life is told in, recovery.states)
+    AGENT_STOPPED,
+    IN_PROGRESS_RUN_STATES,
+    TERMINAL_RUN_STATES,
+    RunState,
+    StepState,
+    StuckCause,
+)
 
 
 class WorkflowRun(models.Model):

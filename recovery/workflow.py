@@ -78,11 +78,10 @@ from recovery.registry import (  # noqa: F401  (re-exported: the registry, as au
     workflow_of,
 )
 from recovery.retries import DEFAULT_POLICY, RetryPolicy
+from recovery.states import STUCK_LABELS
 
 
 def _stuck_after(value: timedelta | Mapping[str, timedelta] | None) -> dict[str, timedelta]:
-    from recovery.counts import STUCK_LABELS  # reads the models: only once the app registry is ready
-
     if value is None:
         return {}
     chosen = {"any": value} if isinstance(value, timedelta) else dict(value)

@@ -226,3 +226,19 @@ def test_a_finished_agent_s_parent_step_counts_its_turns_and_calls_not_zero_atte
     parent = row(page(login("viewer"), run), "data-step", "resolve")
     assert '<span class="state step-succeeded" data-state>Succeeded</span>' in parent
     assert "<td>3 turns, 3 calls</td>" in parent
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_stuck_causes_are_one_vocabulary_found_by_one_query_each_in_its_order():
+    """recovery.states.StuckCause names and labels them (the authors' API checks ``stuck_after``
+    against it without importing a model); recovery.counts finds each, in the same order."""
+    from django.db.models import Q
+
+    from recovery.states import StuckCause
+    from recovery.workflow import Workflow
+
+    found = counts.stuck_causes(engine_clock.now())
+    assert list(found) == list(StuckCause.values) == list(counts.STUCK_LABELS)
+    assert all(label == StuckCause(cause).label and isinstance(q, Q) for cause, (label, q) in found.items())
+    with pytest.raises(ValueError, match="no stuck cause stalled"):
+        Workflow("probe", version=1, workflow_id=lambda i: "p", stuck_after={"stalled": timedelta(minutes=5)})
