@@ -15,8 +15,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from recovery.console.views import permission_required, require_methods
 from recovery.engine import transitions
+from recovery.http import permission_required, require_methods
 from sandbox import demo_seed, faults
 from sandbox.models import FAULTABLE, Fault, FaultMode
 

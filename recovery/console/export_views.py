@@ -11,8 +11,8 @@ from django.http import HttpResponse, StreamingHttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.vary import vary_on_headers
 
-from recovery.console.views import _flash, require_GET
 from recovery.engine.audit import export as exports
+from recovery.http import flash, require_GET
 from recovery.permissions import can
 
 
@@ -40,7 +40,7 @@ def _refused(request, message: str, *, status: int) -> HttpResponse:
         return HttpResponse(message + "\n", status=status, content_type="text/plain; charset=utf-8")
     if status == 400 and message.startswith("no run "):
         status = 404  # the page says "Not found"; a script keeps its 400
-    return _flash(request, f"The audit trail was not exported: {message}", status=status)
+    return flash(request, f"The audit trail was not exported: {message}", status=status)
 
 
 def _wants_html(request) -> bool:

@@ -6,88 +6,23 @@ htmx-config meta); errors of a form land in its ``#flash`` area via HX-Retarget.
 from __future__ import annotations
 
 import hashlib
-from functools import wraps
 from urllib.parse import quote
 
-from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.http import RFC3986_SUBDELIMS, url_has_allowed_host_and_scheme
+from django.utils.http import RFC3986_SUBDELIMS
 from django.views.decorators.vary import vary_on_headers
-from django_htmx.http import HttpResponseStopPolling, reswap, retarget
+from django_htmx.http import HttpResponseStopPolling
 
 from recovery import clock, counts, why
 from recovery.actions import PERMISSION_OF
 from recovery.console import alert_lists, overview, panel, selectors, services
 from recovery.engine.transitions import TERMINAL_RUN_STATES, lease_is_live, run_version
 from recovery.errors import InvalidTransition, NotPermitted, RunChanged
+from recovery.http import flash, not_allowed, permission_required, require_POST, require_safe
 from recovery.models import RunState, StepState, WorkflowRun
-from recovery.permissions import REQUIRED_ROLE, can, role_of
-
-
-def require_methods(*methods: str):
-    """Like Django's ``require_http_methods``, with a message in the 405 (every refusal of the
-    console says why)."""
-
-    def decorate(view):
-        @wraps(view)
-        def wrapper(request: HttpRequest, *args, **kwargs):
-            if request.method not in methods:
-                return HttpResponseNotAllowed(
-                    methods,
-                    f"{request.method} is not allowed here; use {' or '.join(methods)}\n",
-                    content_type="text/plain; charset=utf-8",
-                )
-            return view(request, *args, **kwargs)
-
-        return wrapper
-
-    return decorate
-
-
-require_GET = require_methods("GET")
-require_safe = require_methods("GET", "HEAD")
-require_POST = require_methods("POST")
-
-
-def permission_required(action: str):
-    """Login first (a page redirects to the login form); then the role, checked on the server.
-    Views put the method check outside this one: a wrong method is 405 for everyone (docs/security.md
-    "Who may do what": method, then session, then role; a refusal changes nothing)."""
-
-    def decorate(view):
-        @wraps(view)
-        def wrapper(request: HttpRequest, *args, **kwargs):
-            if not request.user.is_authenticated:
-                return redirect_to_login(request.get_full_path())
-            if not can(request.user, action):
-                return _flash(request, _not_allowed(request, action, "here"), status=403)
-            return view(request, *args, **kwargs)
-
-        return wrapper
-
-    return decorate
-
-
-def _not_allowed(request: HttpRequest, action: str, where: str) -> str:
-    role = role_of(request.user).name.lower()
-    needed = REQUIRED_ROLE[action].name.lower()
-    return f"Your role ({role}) may not {action} {where}: that needs the {needed} role."
-
-
-def _flash(request: HttpRequest, message: str, *, status: int, level: str = "error") -> HttpResponse:
-    """A refusal: into the page's #flash area for htmx, else a page of the console's layout
-    with the message and a way back (never a bare fragment)."""
-    if request.htmx:
-        response = render(request, "console/flash.html", {"message": message, "level": level}, status=status)
-        return reswap(retarget(response, "#flash"), "innerHTML")
-    back = request.headers.get("Referer", "")
-    if not back or not url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}):
-        back = reverse("console:runs")
-    context = {"message": message, "level": level, "back": back, "status": status}
-    return render(request, "console/refusal.html", context, status=status)
-
+from recovery.permissions import can, role_of
 
 # --- runs list --------------------------------------------------------------------------
 
@@ -164,9 +99,9 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
             to_version=request.POST.get("to_version"),
         )
     except ValueError as exc:
-        return _flash(request, str(exc), status=400)
+        return flash(request, str(exc), status=400)
     if not can(request.user, PERMISSION_OF[action]):
-        return _flash(request, _not_allowed(request, PERMISSION_OF[action], "runs"), status=403)
+        return flash(request, not_allowed(request, PERMISSION_OF[action], "runs"), status=403)
     chosen = {"action": action, "reason": reason, "workflow_ids": workflow_ids, "version": version}
     if request.POST.get("confirm") == "yes":
         result = services.bulk_apply(**chosen, actor=request.user)
@@ -235,7 +170,7 @@ def _run_not_found(request: HttpRequest, workflow_id: str) -> HttpResponse:
     """The console's 404 for an unknown run id: a search box holding the id, and runs whose
     id is close (the same id in another case, or the same prefix before its last ':')."""
     if request.htmx:
-        return _flash(request, f"no run {workflow_id}", status=404)
+        return flash(request, f"no run {workflow_id}", status=404)
     context = {"workflow_id": workflow_id, "close": _close_runs(workflow_id)}
     return render(request, "console/not_found.html", context, status=404)
 
@@ -281,9 +216,9 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
     action = request.POST.get("action", "")
     permission = PERMISSION_OF.get(action)
     if permission is None:
-        return _flash(request, f"unknown action {action!r}", status=400)
+        return flash(request, f"unknown action {action!r}", status=400)
     if not can(request.user, permission):
-        return _flash(request, _not_allowed(request, permission, "runs"), status=403)
+        return flash(request, not_allowed(request, permission, "runs"), status=403)
     if request.POST.get("confirm") == "ask" and request.POST.get("confirmed") != "yes":
         # A form whose button asks first, posted without its dialog (no JavaScript): ask here.
         asked = _confirmation(request, workflow_id, action)
@@ -306,13 +241,13 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
             request_id=request.POST.get("request") or None,
         )
     except WorkflowRun.DoesNotExist:
-        return _flash(request, f"no run {workflow_id}", status=404)
+        return flash(request, f"no run {workflow_id}", status=404)
     except RunChanged as exc:
-        return _flash(request, str(exc), status=409)
+        return flash(request, str(exc), status=409)
     except NotPermitted as exc:
-        return _flash(request, str(exc), status=403)
+        return flash(request, str(exc), status=403)
     except InvalidTransition as exc:
-        return _flash(request, str(exc), status=400)
+        return flash(request, str(exc), status=400)
     if not request.htmx:
         return redirect(reverse("console:run", args=[workflow_id]))
     return _render_run(request, workflow_id, message=message)
@@ -324,7 +259,7 @@ def _confirmation(request: HttpRequest, workflow_id: str, action: str) -> HttpRe
     try:
         detail = selectors.run_detail(workflow_id)
     except WorkflowRun.DoesNotExist:
-        return _flash(request, f"no run {workflow_id}", status=404)
+        return flash(request, f"no run {workflow_id}", status=404)
     step = request.POST.get("step") or None
     asked = panel.question(detail, request.user, now=clock.now(), action=action, step=step)
     if not asked:
