@@ -14,6 +14,7 @@ from django.db.models import Value
 from recovery import counts
 from recovery.console import labels
 from recovery.models import RunState, StepExecution, StepState, WorkflowRun
+from recovery.workflow import workflow_of
 
 
 @dataclass(frozen=True)
@@ -35,8 +36,6 @@ class RunFacts:
 def facts(runs: list[WorkflowRun], steps: dict[int, list[StepExecution]], *, now: datetime) -> dict[str, RunFacts]:
     """Per workflow id of ``runs`` (their ``steps`` already read): its facts. One query for the
     stuck causes of them all (one arm per cause, in a UNION), none more."""
-    from recovery.workflow import workflow_of
-
     causes = causes_of([r.pk for r in runs], now=now)
     found = {}
     for run in runs:

@@ -31,6 +31,7 @@ from recovery.models import (
     WorkflowRun,
 )
 from recovery.why import why_not_moving
+from recovery.workflow import all_workflows, journal_rows, parse_journal_name, workflow_of
 
 
 def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
@@ -107,14 +108,12 @@ def uncounted() -> dict[str, list[dict[str, Any]]]:
 
 def workflow_names() -> list[str]:
     """The registered workflows, then those only old runs still name (``counts.workflow_names``)."""
-    from recovery.workflow import all_workflows
 
     return counts.workflow_names([wf.name for wf in all_workflows()])
 
 
 def unregistered(workflows: list[str]) -> set[str]:
     """Those of ``workflows`` no longer registered: the console marks them "(not registered)"."""
-    from recovery.workflow import all_workflows
 
     return set(workflows) - {wf.name for wf in all_workflows()}
 
@@ -179,7 +178,6 @@ ALERTS_SHOWN = 10  # the newest alerts of a run (each also in its audit trail)
 
 def run_detail(workflow_id: str) -> dict[str, Any]:
     """Everything the run page shows, in a constant number of queries."""
-    from recovery.workflow import workflow_of
 
     run = WorkflowRun.objects.get(workflow_id=workflow_id)
     steps = list(run.steps.order_by("position", "id"))
@@ -223,7 +221,6 @@ def conversations(workflow: Any, steps: list[StepExecution]) -> list[dict[str, A
     """Each agent step's journal as the run page shows it: its model turns in order, each with
     the model's reply and the tool calls it asked for (arguments, state, key, remote reference,
     attempts, error or refusal), and the agent's final answer."""
-    from recovery.workflow import journal_rows, parse_journal_name
 
     if workflow is None:
         return []

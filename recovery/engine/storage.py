@@ -25,6 +25,8 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models
 
+from recovery.models import AuditEvent, StepExecution, WorkflowRun
+
 Fields = tuple[models.Field, ...]
 # Fields written by a statement, in its parameters' order, each with whether it is JSON.
 Columns = tuple[tuple[models.Field, bool], ...]
@@ -211,7 +213,6 @@ def _many(
 ) -> tuple[str, list[Any]]:
     """The statement of ``checkpoint_many`` (``new`` empty) or ``checkpoint_adding``, with its
     parameters: whatever the number of steps or new rows, one text per shape."""
-    from recovery.models import StepExecution
 
     connection = connections[DEFAULT_DB_ALIAS]
     run_names = tuple(sorted(run_values))
@@ -241,7 +242,6 @@ def _checkpoint_many_sql(
     events: int,
     adding: bool,
 ) -> tuple[str, Columns, Columns, Columns, Columns]:
-    from recovery.models import StepExecution
 
     quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
     fenced, run_fields, insert, typed, audit_fields = _checkpoint_parts(run_names, fence, audit_names)
@@ -279,7 +279,6 @@ def _checkpoint_sql(
     step_names: tuple[str, ...],
     audit_names: tuple[str, ...],
 ) -> tuple[str, Columns, Columns, Columns]:
-    from recovery.models import StepExecution
 
     fenced, run_fields, insert, typed, audit_fields = _checkpoint_parts(run_names, fence, audit_names)
     step_sql, step_fields = _update_sql(connections[DEFAULT_DB_ALIAS].vendor, StepExecution, step_names, ())
@@ -296,7 +295,6 @@ def _checkpoint_parts(
     """What a checkpoint statement of one step or several begins and ends with: the fenced
     UPDATE of the run (``WITH fenced AS (…)``), and the INSERT of audit events with one row's
     typed placeholders."""
-    from recovery.models import AuditEvent, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
@@ -326,7 +324,6 @@ def claim(
     time, else its expired lease's end, else its last update). None if nothing was picked. The
     same transition as ``transitions.leases._claim_in_transaction``, which
     tests/engine/test_claim_paths.py compares field by field."""
-    from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
     sql, run_fields, step_fields = _claim_sql(pick_sql, tuple(len(sources) for sources, _ in moves))
@@ -390,7 +387,6 @@ def _json_object(members: dict[str, str]) -> str:
 @cache
 def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fields]:
     """The claim statement for ``pick_sql``; ``moves`` counts each move's source states."""
-    from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
@@ -518,7 +514,6 @@ def _document_columns(model: type[models.Model], *, without: str = "") -> Column
 @cache
 def _start_sql(events: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, Columns, Columns]:
     """The start statement for ``events`` audit events of these columns, for any number of steps."""
-    from recovery.models import AuditEvent, StepExecution, WorkflowRun
 
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
