@@ -43,7 +43,7 @@ PYTEST_ARGS ?=
 test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The whole system under real process death (docs/soak.md): the engine's database on a throwaway
 # PostgreSQL cluster of its own (restarted once), the sandbox's on the server of DATABASE_URL, its

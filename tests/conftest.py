@@ -12,12 +12,59 @@ pytest_plugins = ["tests.support.model_server", "tests.support.sandbox_api"]
 
 
 def pytest_configure(config):
-    # CI's SQLite pass deselects these (.ci/run), having run them in its PostgreSQL pass.
+    # CI's SQLite pass deselects these (.ci/run), having run them in its PostgreSQL pass. A test
+    # that uses none of the suite's databases is marked by pytest_collection_modifyitems below.
     config.addinivalue_line(
         "markers",
         "storage_agnostic: the storage engine CI picks cannot change it (a browser test of what the page "
-        "itself does, or a test that brings its own databases); CI runs it in its PostgreSQL pass only",
+        "itself does, a test that brings its own databases, or one that uses no database of the suite's); "
+        "CI runs it in its PostgreSQL pass only",
     )
+
+
+# A test that asks for none of these (and has no django_db mark) cannot reach the suite's
+# databases (pytest-django refuses it): the storage engine cannot change it.
+_DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "live_server"}
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:  # before -m deselects by the marks added here
+        if not _uses_database(item):
+            item.add_marker("storage_agnostic")
+    yield  # pytest-django orders them as Django does: rolled back, then transactional, then no database
+    # Then the slowest first within that order, each module's tests kept together: under
+    # `--dist worksteal` the fast ones fill the workers around them instead of one long test ending
+    # the run alone. Tests that use no database go first (nothing of theirs can leak into another's).
+    items.sort(key=_place)
+
+
+def _uses_database(item) -> bool:
+    return item.get_closest_marker("django_db") is not None or bool(_DATABASE_FIXTURES & set(item.fixturenames))
+
+
+def _place(item) -> int:
+    slow = item.get_closest_marker("slow") is not None
+    if not _uses_database(item):
+        if item.nodeid.startswith("tests/slow/test_readme_walkthrough.py"):
+            return 0  # minutes: the longest of all
+        return 1 if slow else 2
+    marker = item.get_closest_marker("django_db")
+    transactional = bool(marker and (marker.kwargs.get("transaction") or marker.kwargs.get("reset_sequences")))
+    if not transactional and not {"transactional_db", "live_server"} & set(item.fixturenames):
+        return 3  # rolled back: before every transactional test, as Django runs them
+    if slow:
+        return 4
+    return 5 if item.nodeid.startswith("tests/browser/") else 6
+
+
+def pytest_report_header(config):
+    from tests.slow.test_dispute_crash import CASES
+    from tests.support import rotation
+
+    return rotation.header("dispute crash rotation (tests/slow/test_dispute_crash.py)", CASES, connection.vendor)
 
 
 @pytest.fixture

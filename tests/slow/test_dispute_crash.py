@@ -10,11 +10,13 @@ import json
 import signal
 
 import pytest
+from django.db import connection
 
 from recovery.engine import failpoints
 from recovery.models import RunState, StepState, WorkflowRun
 from sandbox.models import LedgerEntry, LedgerKind, Message
 from tests.slow.conftest import MARGIN
+from tests.support import rotation
 from tests.support.model_server import API_KEY, function_calling
 from workflows.invoice import adapters
 
@@ -33,8 +35,12 @@ JOURNAL = [
 TURNS = 4
 
 
-@pytest.mark.parametrize("point", failpoints.POINTS)
-@pytest.mark.parametrize("row", JOURNAL)
+# Every row's every boundary, in order; a run takes a share of them (tests.support.rotation: the
+# in-process fault matrix sweeps them all every time). RECOVERY_CRASH_ROTATION=all runs every one.
+CASES = [(row, point) for row in JOURNAL for point in failpoints.POINTS]
+
+
+@pytest.mark.parametrize("row,point", rotation.chosen(CASES, connection.vendor, rotation.seed()))
 def test_an_agent_killed_at_any_boundary_resumes_from_its_journal(
     row, point, sandbox_manage, live_server, settings, stub
 ):
