@@ -2,21 +2,29 @@
 PYTHON_BOOT ?= $(shell command -v python3.12 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+CKSUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
+RUN_STAMP := $(VENV)/.installed-run-$(CKSUM)
+TEST_STAMP := $(VENV)/.installed-test-$(CKSUM)
 PORT ?= 8000
 export PORT  # settings derive SANDBOX_URL from it
 
 .PHONY: run test install migrate soak
 
-$(STAMP): pyproject.toml
+# `make run` installs what running needs; `make test` (and `make install`) adds the test tools
+# (Playwright, ruff, OpenTelemetry's SDK…), which a first `make run` need not wait for.
+$(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	rm -f $(VENV)/.installed-run-* && touch $(RUN_STAMP)
+
+$(TEST_STAMP): $(RUN_STAMP)
 	$(PY) -m pip install --quiet -e '.[test]'
-	rm -f $(VENV)/.installed-* && touch $(STAMP)
+	rm -f $(VENV)/.installed-test-* && touch $(TEST_STAMP)
 
-install: $(STAMP)
+install: $(TEST_STAMP)
 
-migrate: install
+migrate: $(RUN_STAMP)
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py migrate --noinput --database sandbox
 
