@@ -5,6 +5,8 @@ is nobody else's, and stays the same across restarts (an open session is not log
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +23,44 @@ REASON = "the demo's logins (DJANGO_DEBUG): var/demo-password"
 
 def password_file() -> Path:
     return Path(settings.VAR_DIR) / "demo-password"
+
+
+def _verified_file() -> Path:
+    return Path(settings.VAR_DIR) / "demo-password.verified"
+
+
+def verified(username: str) -> str:
+    """The stored hash ``username`` had when it was last seen to match this checkout's demo
+    password ("" if none, or if the password has changed since): a warm restart does not derive
+    four keys again to learn that nothing changed (recovery.accounts._same_password)."""
+    try:
+        known = json.loads(_verified_file().read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(known, dict) or known.get("password") != _fingerprint():
+        return ""
+    found = known.get("hashes", {}).get(username, "")
+    return found if isinstance(found, str) else ""
+
+
+def remember(user) -> None:
+    """Note ``user``'s stored hash as matching the demo password (mode 0600, beside the password)."""
+    path = _verified_file()
+    try:
+        known = json.loads(path.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict) or known.get("password") != _fingerprint():
+        known = {"password": _fingerprint(), "hashes": {}}
+    known["hashes"][user.get_username()] = user.password
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".demo-password-verified-")
+    with os.fdopen(fd, "w") as out:
+        json.dump(known, out)
+    os.replace(temporary, path)
+
+
+def _fingerprint() -> str:
+    return hashlib.sha256(demo_password().encode()).hexdigest()
 
 
 def demo_password() -> str:

@@ -102,13 +102,15 @@ def seed_demo(
             _refuse_foreign_faults()
         if settings.DEBUG:
             for role in ROLES:
-                create_operator(
+                user, _, _ = create_operator(
                     username=role,
                     group=role,
                     password=demo_logins.demo_password(),
                     actor=Actor.command("seed_demo"),
                     reason=demo_logins.REASON,
+                    verified=demo_logins.verified(role),
                 )
+                demo_logins.remember(user)
         terminated = tasks_done = 0
         if pending or disputes:
             supervisor = _supervisor(username)

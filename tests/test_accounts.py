@@ -218,6 +218,34 @@ def test_demo_login_sets_a_password_that_passes_the_validators_and_records_it_on
     assert AccountEvent.objects.count() == 1  # the same password again: nothing changed
 
 
+def test_a_second_demo_login_derives_no_key_and_a_password_changed_meanwhile_is_set_back(
+    settings, tmp_path, monkeypatch
+):
+    settings.DEBUG = True
+    settings.VAR_DIR = tmp_path
+    call_command("demo_login", stdout=StringIO())
+    password = (tmp_path / "demo-password").read_text().strip()
+    User = get_user_model()
+    checked = []
+    check = User.check_password
+    monkeypatch.setattr(User, "check_password", lambda user, raw: checked.append(raw) or check(user, raw))
+    call_command("demo_login", stdout=StringIO())
+    assert checked == [] and AccountEvent.objects.count() == 1  # its hash is the one seen matching
+
+    demo = User.objects.get(username="demo")
+    demo.set_password("someone changed it meanwhile")
+    demo.save()
+    call_command("demo_login", stdout=StringIO())
+    demo.refresh_from_db()
+    assert checked == [password] and demo.check_password(password)
+    assert [e[3] for e in events()] == ["created", "password_changed"]
+    (tmp_path / "demo-password").write_text("another-demo-password-2026\n")  # a new demo password
+    checked.clear()
+    call_command("demo_login", stdout=StringIO())
+    assert checked == ["another-demo-password-2026"]
+    assert (tmp_path / "demo-password.verified").stat().st_mode & 0o077 == 0
+
+
 @pytest.mark.parametrize(
     "command,args",
     [

@@ -18,12 +18,14 @@ class Command(RecoveryCommand):
             raise CommandError("demo_login only runs with DJANGO_DEBUG on; use createoperator in production")
         password = demo_logins.demo_password()
         try:
-            ensure_superuser(
+            user, _ = ensure_superuser(
                 username=demo_logins.SUPERUSER,
                 password=password,
                 actor=Actor.command("demo_login"),
                 reason=demo_logins.REASON,
+                verified=demo_logins.verified(demo_logins.SUPERUSER),
             )
+            demo_logins.remember(user)
         except ValueError as exc:
             raise CommandError(f"{exc} (edit or remove {demo_logins.password_file()})") from None
         User = get_user_model()
