@@ -53,6 +53,13 @@ class OperatorAction:
     does: str = ""
     sends: str = ""
     confirm: Confirm = Confirm.NEVER
+    # The console's button and the question it asks before acting ("" for none), with {step}, and
+    # for an agent's turn {agent} and {turn}, a refusal's {rule}, a compensation's {description};
+    # an action whose step is optional names the whole run with button_run and ask_run.
+    button: str = ""
+    ask: str = ""
+    button_run: str = ""
+    ask_run: str = ""
 
 
 ACTIONS: dict[str, OperatorAction] = {
@@ -69,6 +76,7 @@ ACTIONS: dict[str, OperatorAction] = {
             sends="a blocked step's request again under the same key (the receiver keeps its first result); "
             "an unknown outcome is looked up first",
             confirm=Confirm.IF_UNKNOWN,
+            button="Resume from checkpoint",
         ),
         OperatorAction(
             "retry",
@@ -80,6 +88,7 @@ ACTIONS: dict[str, OperatorAction] = {
             does="tries {step} again now, with a fresh retry budget",
             sends="the same request again under the same key; the receiver keeps its first result",
             confirm=Confirm.IF_UNKNOWN,
+            button="Retry {step}",
         ),
         OperatorAction(
             "reconcile",
@@ -89,6 +98,7 @@ ACTIONS: dict[str, OperatorAction] = {
             StepArg.REQUIRED,
             does="asks the receiver what became of {step} and records what it finds",
             sends="nothing: it looks {step} up by its key",
+            button="Reconcile {step} by key",
         ),
         OperatorAction(
             "resolve_happened",
@@ -102,6 +112,7 @@ ACTIONS: dict[str, OperatorAction] = {
             does="asks the receiver for the remote id you give and, if it is {step}'s own, records {step} as "
             "succeeded with what the receiver answers; the run goes on",
             sends="nothing: it only reads the object by its id; the next steps run as usual",
+            button="{step}: it succeeded",
         ),
         OperatorAction(
             "resolve_absent",
@@ -114,6 +125,7 @@ ACTIONS: dict[str, OperatorAction] = {
             sends="{step}'s request again under the same key: its effect happens a second time if the first "
             "request landed after the receiver was asked",
             confirm=Confirm.ALWAYS,
+            button="{step}: it did not happen",
         ),
         OperatorAction(
             "compensate",
@@ -125,6 +137,10 @@ ACTIONS: dict[str, OperatorAction] = {
             does="undoes {what} with the declared compensations, latest first",
             sends="each compensation's request (a cancellation, a refund) under its own key",
             confirm=Confirm.ALWAYS,
+            button="Compensate {step}",
+            ask="Undo {step}: {description}",
+            button_run="Compensate the whole run",
+            ask_run="Undo every completed effect of this run?",
         ),
         OperatorAction(
             "terminate",
@@ -136,6 +152,8 @@ ACTIONS: dict[str, OperatorAction] = {
             does="stops the run for good; effects already made stay made",
             sends="nothing",
             confirm=Confirm.ALWAYS,
+            button="Terminate",
+            ask="Stop this run for good? Effects made stay made.",
         ),
         OperatorAction(
             "supersede",
@@ -165,6 +183,8 @@ ACTIONS: dict[str, OperatorAction] = {
             StepArg.REQUIRED,
             does="lets {step} act on the proposal the guard refused, for this run only",
             sends="{step}'s request as proposed",
+            button="{step}: accept the refused proposal ({rule})",
+            ask="Override {rule} for this run and let {step} act on the proposal as it is?",
         ),
         OperatorAction(
             "snooze_alert",
@@ -174,6 +194,7 @@ ACTIONS: dict[str, OperatorAction] = {
             duration=True,
             does="silences the run's alert for a while; the run itself does not change",
             sends="nothing",
+            button="Snooze its alert",
         ),
         OperatorAction(
             "stop_agent",
@@ -183,6 +204,8 @@ ACTIONS: dict[str, OperatorAction] = {
             StepArg.REQUIRED,
             does="stops the agent {step}: nothing more is asked of the model",
             sends="nothing more",
+            button="Stop the agent {step}",
+            ask="Stop {step} now? Nothing more is asked of the model or sent until an operator lets it go on.",
         ),
         OperatorAction(
             "fork_agent",
@@ -192,6 +215,9 @@ ACTIONS: dict[str, OperatorAction] = {
             StepArg.REQUIRED,
             does="asks the model again from before turn {step}; calls already made stay made",
             sends="later tool calls under a new key version",
+            button="Fork {agent} from turn {turn}",
+            ask="Ask the model again from before turn {turn}? Calls already made stay made "
+            "(compensate them explicitly); later calls get a new key version.",
         ),
         OperatorAction(
             "move_version",
@@ -203,6 +229,9 @@ ACTIONS: dict[str, OperatorAction] = {
             version=True,
             does="moves the run to the version you choose: the steps it began keep their keys and outcomes",
             sends="nothing now; the rest of the run follows that version",
+            button="Move to another version",
+            ask="Move this run to the chosen version? The steps it began keep their keys and outcomes; "
+            "the rest follow that version's definition.",
         ),
     )
 }

@@ -172,41 +172,20 @@ def _with_targets(action: Action, detail: dict[str, Any]) -> Action:
 
 
 def _button(name: str, step: StepExecution | None, workflow) -> Action:
+    """The action's button as the action table words it (recovery.actions: ``button``, ``ask``),
+    filled in with this step's facts."""
+    spec = ACTIONS[name]
     at = step.step_name if step is not None else ""
-    if name == "compensate":
-        if step is None:
-            return Action(name, "Compensate the whole run", confirm="Undo every completed effect of this run?")
-        description = workflow.get_step(at).compensation.description
-        return Action(name, f"Compensate {at}", at, confirm=f"Undo {at}: {description}")
-    if name == "override":
-        rule = step.refusal.get("rule", "")
-        confirm = f"Override {rule} for this run and let {at} act on the proposal as it is?"
-        return Action(name, f"{at}: accept the refused proposal ({rule})", at, confirm=confirm)
-    label = {
-        "resume": "Resume from checkpoint",
-        "retry": f"Retry {at}",
-        "reconcile": f"Reconcile {at} by key",
-        "resolve_happened": f"{at}: it succeeded",
-        "resolve_absent": f"{at}: it did not happen",
-        "terminate": "Terminate",
-        "snooze_alert": "Snooze its alert",
-        "stop_agent": f"Stop the agent {at}",
-        "fork_agent": f"Fork {at.rpartition(':')[0]} from turn {at.rpartition(':')[2]}",
-        "move_version": "Move to another version",
-    }[name]
-    confirm = {
-        "terminate": "Stop this run for good? Effects made stay made.",
-        "stop_agent": f"Stop {at} now? Nothing more is asked of the model or sent until an operator lets it go on.",
-        "fork_agent": f"Ask the model again from before turn {at.rpartition(':')[2]}? Calls already made stay made "
-        "(compensate them explicitly); later calls get a new key version.",
-        "move_version": "Move this run to the chosen version? The steps it began keep their keys and outcomes; "
-        "the rest follow that version's definition.",
-    }.get(name, "")
-    durations = (
-        tuple((h, text, h == SNOOZE_DEFAULT_HOURS) for h, text in SNOOZE_CHOICES) if ACTIONS[name].duration else ()
-    )
-    action = Action(name, label, at, confirm=confirm, durations=durations)
-    return _with_evidence(action, workflow.get_step(at)) if ACTIONS[name].evidence else action
+    label, ask = (spec.button_run, spec.ask_run) if step is None and spec.button_run else (spec.button, spec.ask)
+    agent, _, turn = at.rpartition(":")
+    facts = {"step": at, "agent": agent, "turn": turn}
+    if "{rule}" in label + ask:
+        facts["rule"] = step.refusal.get("rule", "")
+    if "{description}" in label + ask:
+        facts["description"] = workflow.get_step(at).compensation.description
+    durations = tuple((h, text, h == SNOOZE_DEFAULT_HOURS) for h, text in SNOOZE_CHOICES) if spec.duration else ()
+    action = Action(name, label.format(**facts), at, confirm=ask.format(**facts), durations=durations)
+    return _with_evidence(action, workflow.get_step(at)) if spec.evidence else action
 
 
 def _with_evidence(action: Action, spec) -> Action:
