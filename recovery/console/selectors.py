@@ -108,13 +108,11 @@ def uncounted() -> dict[str, list[dict[str, Any]]]:
 
 def workflow_names() -> list[str]:
     """The registered workflows, then those only old runs still name (``counts.workflow_names``)."""
-
     return counts.workflow_names([wf.name for wf in all_workflows()])
 
 
 def unregistered(workflows: list[str]) -> set[str]:
     """Those of ``workflows`` no longer registered: the console marks them "(not registered)"."""
-
     return set(workflows) - {wf.name for wf in all_workflows()}
 
 
@@ -178,7 +176,6 @@ ALERTS_SHOWN = 10  # the newest alerts of a run (each also in its audit trail)
 
 def run_detail(workflow_id: str) -> dict[str, Any]:
     """Everything the run page shows, in a constant number of queries."""
-
     run = WorkflowRun.objects.get(workflow_id=workflow_id)
     steps = list(run.steps.order_by("position", "id"))
     try:
@@ -221,7 +218,6 @@ def conversations(workflow: Any, steps: list[StepExecution]) -> list[dict[str, A
     """Each agent step's journal as the run page shows it: its model turns in order, each with
     the model's reply and the tool calls it asked for (arguments, state, key, remote reference,
     attempts, error or refusal), and the agent's final answer."""
-
     if workflow is None:
         return []
     shown = []

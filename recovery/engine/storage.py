@@ -213,7 +213,6 @@ def _many(
 ) -> tuple[str, list[Any]]:
     """The statement of ``checkpoint_many`` (``new`` empty) or ``checkpoint_adding``, with its
     parameters: whatever the number of steps or new rows, one text per shape."""
-
     connection = connections[DEFAULT_DB_ALIAS]
     run_names = tuple(sorted(run_values))
     step_names = tuple(sorted(next(iter(steps.values())))) if steps else ()
@@ -295,7 +294,6 @@ def _checkpoint_parts(
     """What a checkpoint statement of one step or several begins and ends with: the fenced
     UPDATE of the run (``WITH fenced AS (…)``), and the INSERT of audit events with one row's
     typed placeholders."""
-
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
     run_sql, run_fields = _update_sql(connection.vendor, WorkflowRun, run_names, fence)
@@ -324,7 +322,6 @@ def claim(
     time, else its expired lease's end, else its last update). None if nothing was picked. The
     same transition as ``transitions.leases._claim_in_transaction``, which
     tests/engine/test_claim_paths.py compares field by field."""
-
     connection = connections[DEFAULT_DB_ALIAS]
     sql, run_fields, step_fields = _claim_sql(pick_sql, tuple(len(sources) for sources, _ in moves))
     at = WorkflowRun._meta.get_field("updated_at")
@@ -387,7 +384,6 @@ def _json_object(members: dict[str, str]) -> str:
 @cache
 def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fields]:
     """The claim statement for ``pick_sql``; ``moves`` counts each move's source states."""
-
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
     run_table, step_table = quote(WorkflowRun._meta.db_table), quote(StepExecution._meta.db_table)
@@ -514,7 +510,6 @@ def _document_columns(model: type[models.Model], *, without: str = "") -> Column
 @cache
 def _start_sql(events: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, Columns, Columns]:
     """The start statement for ``events`` audit events of these columns, for any number of steps."""
-
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
     run_fields = _written(WorkflowRun)
