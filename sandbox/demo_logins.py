@@ -33,30 +33,36 @@ def verified(username: str) -> str:
     """The stored hash ``username`` had when it was last seen to match this checkout's demo
     password ("" if none, or if the password has changed since): a warm restart does not derive
     four keys again to learn that nothing changed (recovery.accounts._same_password)."""
-    try:
-        known = json.loads(_verified_file().read_text())
-    except (OSError, ValueError):
-        return ""
-    if not isinstance(known, dict) or known.get("password") != _fingerprint():
-        return ""
-    found = known.get("hashes", {}).get(username, "")
-    return found if isinstance(found, str) else ""
+    return _verified_hashes().get(username, "")
 
 
 def remember(user) -> None:
-    """Note ``user``'s stored hash as matching the demo password (mode 0600, beside the password)."""
+    """Note ``user``'s stored hash as matching the demo password (mode 0600, beside the password);
+    nothing is written when it is noted already."""
+    hashes = _verified_hashes()
+    if hashes.get(user.get_username()) == user.password:
+        return
+    hashes[user.get_username()] = user.password
     path = _verified_file()
-    try:
-        known = json.loads(path.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict) or known.get("password") != _fingerprint():
-        known = {"password": _fingerprint(), "hashes": {}}
-    known["hashes"][user.get_username()] = user.password
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".demo-password-verified-")
     with os.fdopen(fd, "w") as out:
-        json.dump(known, out)
+        json.dump({"password": _fingerprint(), "hashes": hashes}, out)
     os.replace(temporary, path)
+
+
+def _verified_hashes() -> dict[str, str]:
+    """Username -> the stored hash seen matching the current demo password ({} if the file is
+    missing, unreadable, or about another password)."""
+    try:
+        known = json.loads(_verified_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(known, dict) or known.get("password") != _fingerprint():
+        return {}
+    hashes = known.get("hashes")
+    if not isinstance(hashes, dict):
+        return {}
+    return {name: found for name, found in hashes.items() if isinstance(found, str)}
 
 
 def _fingerprint() -> str:
