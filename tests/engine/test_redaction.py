@@ -44,7 +44,7 @@ from sandbox import faults
 from tests.support import receivers
 from tests.support.engine import crash_at, drive, person
 from tests.support.model_server import VALID_DECISION, Reply, completion
-from workflows.invoice import adapters
+from workflows.integrations import adapters
 
 KEY = "sk-proj-unit0123456789abcdefghijkl"
 
@@ -188,7 +188,7 @@ def test_the_console_handler_redacts_and_every_record_is_redacted_where_it_is_cr
     settings.OPENAI_API_KEY = KEY
     console = next(h for h in logging.getLogger("recovery").handlers if isinstance(h, logging.StreamHandler))
     assert any(isinstance(f, RedactingFilter) for f in console.filters)
-    for name in ("recovery.engine.executor", "workflows.invoice.model", "django.request", "celery.worker"):
+    for name in ("recovery.engine.executor", "workflows.integrations.openai", "django.request", "celery.worker"):
         with caplog.at_level(logging.INFO, logger=name):
             logging.getLogger(name).warning("key %s, Authorization: Bearer abcdefghijkl", KEY)
     assert len(caplog.records) == 4

@@ -18,7 +18,7 @@ from sandbox.models import LedgerEntry, LedgerKind, Message
 from tests.slow.conftest import MARGIN
 from tests.support import rotation
 from tests.support.model_server import API_KEY, function_calling
-from workflows.invoice import adapters
+from workflows.integrations import adapters
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])]
 

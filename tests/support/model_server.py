@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from workflows.invoice.model import (
-    OpenAIProvider,
-)
+from workflows.integrations.openai import OpenAIClient
+from workflows.invoice.model import OpenAIProvider
 
 API_KEY = "sk-test-PLANTED-SECRET-7f3a9c1e"
 
@@ -102,6 +101,10 @@ class Stub:
 
     def provider(self, *, api_key: str = API_KEY, timeout: float = 2.0, model: str = "gpt-test") -> OpenAIProvider:
         return OpenAIProvider(base_url=self.base_url, api_key=api_key, model=model, timeout=timeout)
+
+    def client(self, *, api_key: str = API_KEY, timeout: float = 2.0, model: str = "gpt-test") -> OpenAIClient:
+        """The shared client (what the dispute agent uses), pointed at this server."""
+        return OpenAIClient(base_url=self.base_url, api_key=api_key, model=model, timeout=timeout)
 
 
 @pytest.fixture

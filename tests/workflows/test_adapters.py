@@ -5,7 +5,7 @@ import httpx
 import pytest
 
 from recovery.errors import ErrorKind, PermanentError, StepError
-from workflows.invoice import adapters
+from workflows.integrations import adapters
 
 
 def client(handler) -> adapters.SandboxClient:

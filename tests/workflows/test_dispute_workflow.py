@@ -16,7 +16,7 @@ from sandbox.models import LedgerEntry, LedgerKind, Message
 from tests.support.engine import assert_invariants, drive, person
 from tests.support.model_server import API_KEY, function_calling
 from workflows.dispute import agent as dispute_agent
-from workflows.invoice import adapters
+from workflows.integrations import adapters
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 

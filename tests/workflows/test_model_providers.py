@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 
 from recovery.errors import ErrorKind, InvalidModelOutput, PermanentError, RateLimited, StepError, TransientError
 from tests.support.model_server import API_KEY, VALID_DECISION, Reply, completion
+from workflows.dispute.agent import RulesAgent, get_agent_provider
+from workflows.integrations.openai import RETRYABLE_STATUSES, OpenAIClient, classify_openai_error
 from workflows.invoice.model import (
-    RETRYABLE_STATUSES,
     InvoiceDecision,
     ModelProvider,
     OpenAIProvider,
     RulesProvider,
-    classify_openai_error,
     decision_json_schema,
     get_provider,
 )
@@ -303,6 +303,37 @@ def test_the_api_key_never_appears_when_the_connection_is_refused(caplog):
         assert API_KEY not in text
 
 
+@pytest.mark.parametrize("case", sorted(LEAKY_REPLIES))
+def test_a_chat_turn_that_fails_shows_the_api_key_nowhere_either(stub, caplog, case):
+    stub.reply(LEAKY_REPLIES[case])
+    client = stub.client(timeout=0.3)
+    with caplog.at_level(logging.DEBUG), pytest.raises(StepError) as info:
+        client.chat(messages=[{"role": "user", "content": "hi"}], tools=[], about="dispute_id=d-1")
+    error = info.value
+    assert len(stub.requests) == 1 and stub.requests[0].headers["authorization"] == f"Bearer {API_KEY}"
+    visible = [str(error), repr(error), error.message, error.raw_output or "", caplog.text, repr(client)]
+    visible.append("".join(traceback.format_exception(error)))
+    for text in visible:
+        assert API_KEY not in text
+
+
+def test_a_chat_turn_sends_the_tools_and_returns_the_assistant_message_with_its_tool_calls(stub):
+    call = {"id": "call_1", "type": "function", "function": {"name": "look_up", "arguments": '{"invoice_id": "i-1"}'}}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    stub.reply(Reply(body={**completion(None), "choices": [{"index": 0, "message": message}]}))
+    tools = [{"type": "function", "function": {"name": "look_up", "parameters": {"type": "object"}}}]
+    answer = stub.client(model="my-model").chat(
+        messages=[{"role": "user", "content": "hi"}], tools=tools, about="dispute_id=d-1"
+    )
+    assert answer == message
+    [request] = stub.requests
+    assert request.path == "/v1/chat/completions"
+    assert request.headers["authorization"] == f"Bearer {API_KEY}"
+    body = request.body
+    assert (body["model"], body["temperature"], body["tools"], body["tool_choice"]) == ("my-model", 0, tools, "auto")
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+
+
 def test_the_api_key_is_not_returned_even_if_the_server_echoes_it(stub):
     stub.reply(Reply(body=completion(json.dumps({**VALID_DECISION, "rationale": echo("leak")}))))
     output = stub.provider().propose(invoice_id="inv-1", text="laptop")
@@ -422,6 +453,33 @@ def test_get_provider_defaults_the_openai_base_url(settings):
     settings.MODEL_PROVIDER = "openai"
     del settings.OPENAI_BASE_URL
     assert get_provider().base_url == "https://api.openai.com/v1"
+
+
+def test_the_invoice_s_openai_provider_is_the_shared_client_and_both_read_the_same_settings(settings):
+    settings.MODEL_PROVIDER = "openai"
+    settings.OPENAI_BASE_URL = "http://127.0.0.1:1/v1/"
+    settings.OPENAI_API_KEY = API_KEY
+    settings.OPENAI_MODEL = "gpt-configured"
+    settings.OPENAI_TIMEOUT = 7.5
+    provider, client = get_provider(), OpenAIClient.from_settings()
+    assert isinstance(provider, OpenAIClient)
+    fields = ("name", "base_url", "api_key", "model", "timeout")
+    assert [getattr(provider, f) for f in fields] == [getattr(client, f) for f in fields]
+    assert API_KEY not in repr(client)
+
+
+def test_the_dispute_agent_is_the_rules_offline_and_the_shared_client_with_openai(settings):
+    for kind in ("rules", "scripted"):
+        settings.MODEL_PROVIDER = kind
+        assert isinstance(get_agent_provider(), RulesAgent)
+    settings.MODEL_PROVIDER, settings.OPENAI_BASE_URL = "openai", "http://127.0.0.1:1/v1"
+    settings.OPENAI_API_KEY = API_KEY
+    agent = get_agent_provider()
+    assert type(agent) is OpenAIClient and agent.base_url == "http://127.0.0.1:1/v1" and agent.api_key == API_KEY
+    assert API_KEY not in repr(agent)
+    settings.MODEL_PROVIDER = "oracle"
+    with pytest.raises(PermanentError, match="MODEL_PROVIDER"):
+        get_agent_provider()
 
 
 def test_the_configured_openai_provider_talks_to_a_compatible_server(stub, settings):

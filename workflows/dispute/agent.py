@@ -6,7 +6,7 @@ assistant's message out):
 - :class:`RulesAgent` — the offline deterministic default (``MODEL_PROVIDER=rules`` or
   ``scripted``): it reads the conversation and asks for the next tool by fixed rules, so that
   ``make run`` and the tests need no network. The same conversation always gives the same reply.
-- the invoice workflow's :class:`~workflows.invoice.model.OpenAIProvider` (``openai``): any
+- the shared :class:`~workflows.integrations.openai.OpenAIClient` (``openai``): any
   OpenAI-compatible server with function calling.
 
 The provider only proposes: the engine validates each call's arguments against the tool's
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
 
-from workflows.invoice.model import get_provider
+from recovery.errors import PermanentError
+from workflows.integrations.openai import OpenAIClient
 
 SYSTEM_PROMPT = """You resolve customer disputes about invoices for the accounts team. You act \
 only through the tools; deterministic code checks every call before anything is written.
@@ -153,7 +154,13 @@ def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def get_agent_provider() -> AgentProvider:
-    """The configured provider's agent: the rules offline (``rules``, ``scripted``), else the
-    OpenAI-compatible client."""
-    provider = get_provider()
-    return provider if hasattr(provider, "chat") else RulesAgent()  # type: ignore[return-value]
+    """The agent ``settings.MODEL_PROVIDER`` configures: the rules offline (``rules``,
+    ``scripted``: the script answers invoices only), the OpenAI-compatible client (``openai``)."""
+    from django.conf import settings
+
+    kind = getattr(settings, "MODEL_PROVIDER", "rules")
+    if kind in ("rules", "scripted"):
+        return RulesAgent()
+    if kind == "openai":
+        return OpenAIClient.from_settings()
+    raise PermanentError(f"unknown MODEL_PROVIDER {kind!r}: expected 'rules', 'scripted' or 'openai'")

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import PermanentError, PolicyRefusal
 from recovery.workflow import Reconcile, Rerun, Workflow
-from workflows.invoice import adapters
-from workflows.invoice.model import call_timeout
-from workflows.invoice.workflow import LEDGER_POLICY, MODEL_POLICY, READ_POLICY, WRITE_POLICY
+from workflows.integrations import adapters
+from workflows.integrations.openai import call_timeout
+from workflows.integrations.policies import LEDGER_POLICY, MODEL_POLICY, READ_POLICY, WRITE_POLICY
 
 from .agent import get_agent_provider, opening
 

@@ -14,11 +14,12 @@ from decimal import Decimal
 from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import PolicyRefusal
-from recovery.retries import RetryPolicy
 from recovery.workflow import CompensationPolicy, Reconcile, Rerun, Workflow
+from workflows.integrations import adapters
+from workflows.integrations.openai import call_timeout
+from workflows.integrations.policies import LEDGER_POLICY, MODEL_POLICY, READ_POLICY, WRITE_POLICY
 
-from . import adapters
-from .model import SCHEMA_VERSION, InvoiceDecision, call_timeout, get_provider
+from .model import SCHEMA_VERSION, InvoiceDecision, get_provider
 from .policy import APPROVAL_POLICY, invoice_total
 
 
@@ -31,15 +32,6 @@ class InvoiceEvent(BaseModel):
     invoice_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     text: str = Field(min_length=1, max_length=20000)
 
-
-# Reads are cheap and safe: retry quickly. Model calls cost money: fewer attempts.
-# Writes to other systems: patient backoff, bounded in time. The ledger gets the most care.
-READ_POLICY = RetryPolicy(initial_interval=1, maximum_interval=10, maximum_attempts=5, maximum_elapsed=300)
-MODEL_POLICY = RetryPolicy(
-    initial_interval=2, maximum_interval=60, maximum_attempts=4, maximum_elapsed=900, maximum_format_failures=3
-)
-WRITE_POLICY = RetryPolicy(initial_interval=2, maximum_interval=120, maximum_attempts=6, maximum_elapsed=3600)
-LEDGER_POLICY = RetryPolicy(initial_interval=5, maximum_interval=300, maximum_attempts=6, maximum_elapsed=7200)
 
 invoice = Workflow(
     "invoice",

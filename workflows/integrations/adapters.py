@@ -1,4 +1,6 @@
-"""HTTP adapters to the task service, the messenger and the ledger.
+"""HTTP adapters to the task service, the messenger and the ledger (the sandbox's receivers),
+shared by the workflows: the invoice workflow's tasks, messages and postings, the dispute
+workflow's look-ups, credit notes and messages.
 
 Errors are classified once, here, into the engine's taxonomy:
 
