@@ -1,7 +1,8 @@
-"""Every operator action, once: what it is called, who may do it, what it needs, and which
-transition performs it. The console's buttons and forms, bulk, ``manage.py recover``,
-``manage.py approval`` and the four-eyes requests all read this table; the transition
-(``recovery.engine.transitions.perform``) checks the run's state and the role again.
+"""Every operator action, once: what it is called, who may do it, what it needs, what the
+console's button says. The console's buttons and forms, bulk, ``manage.py recover``,
+``manage.py approval`` and the four-eyes requests all read this table; the transition that
+performs an action names it with ``@performs`` (recovery.engine.transitions.performers), with
+the rule that says where it is offered, and checks the run's state and the role again.
 
 Plain data: nothing here imports the engine, so the engine, the workflow API and the console
 can all read it.
@@ -10,13 +11,14 @@ can all read it.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from recovery import jsoninput
 from recovery.errors import InvalidTransition
 from recovery.registry import version_number
+from recovery.states import AuditAction
 
 
 class Confirm(StrEnum):
@@ -39,7 +41,6 @@ class OperatorAction:
     name: str
     label: str  # how a request for it, and the console's four-eyes notice, name it
     permission: str  # its key in recovery.permissions.REQUIRED_ROLE (the lowest role allowed)
-    transition: str  # the function of recovery.engine.transitions that performs it
     step: StepArg = StepArg.NONE
     four_eyes: bool = False  # a workflow may put it behind a second supervisor (Workflow(four_eyes=…))
     bulk: bool = False  # the console's bulk form may apply it to many runs
@@ -47,7 +48,6 @@ class OperatorAction:
     decision: bool = False  # takes an edited decision (JSON) for a model step
     duration: bool = False  # takes how long it lasts, in hours (--hours; its transition's default without)
     version: bool = False  # takes the workflow version to move the run to (--to-version), and --effects-stand
-    options: dict[str, Any] = field(default_factory=dict)  # fixed arguments of the transition
     # What it does and what it could send to another system, one sentence each ("{step}": its step),
     # as the run page says it beside the button and ``show_run`` beside the command line.
     does: str = ""
@@ -69,7 +69,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "resume",
             "resume",
             "resume",
-            "run_resume",
             bulk=True,
             does="goes on from the last checkpoint: steps that succeeded are kept, a blocked step gets a fresh "
             "retry budget and a held proposal is checked by the guards again",
@@ -82,7 +81,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "retry",
             "retry",
             "retry",
-            "step_retry",
             StepArg.REQUIRED,
             bulk=True,
             does="tries {step} again now, with a fresh retry budget",
@@ -94,7 +92,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "reconcile",
             "reconcile",
             "reconcile",
-            "step_reconcile",
             StepArg.REQUIRED,
             does="asks the receiver what became of {step} and records what it finds",
             sends="nothing: it looks {step} up by its key",
@@ -104,11 +101,9 @@ ACTIONS: dict[str, OperatorAction] = {
             "resolve_happened",
             "mark succeeded",
             "reconcile",
-            "step_resolve",
             StepArg.REQUIRED,
             four_eyes=True,
             evidence=True,
-            options={"happened": True},
             does="asks the receiver for the remote id you give and, if it is {step}'s own, records {step} as "
             "succeeded with what the receiver answers; the run goes on",
             sends="nothing: it only reads the object by its id; the next steps run as usual",
@@ -118,9 +113,7 @@ ACTIONS: dict[str, OperatorAction] = {
             "resolve_absent",
             "mark not happened",
             "reconcile",
-            "step_resolve",
             StepArg.REQUIRED,
-            options={"happened": False},
             does="records that {step} did not happen: it becomes due again",
             sends="{step}'s request again under the same key: its effect happens a second time if the first "
             "request landed after the receiver was asked",
@@ -131,7 +124,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "compensate",
             "compensate",
             "compensate",
-            "run_compensate",
             StepArg.OPTIONAL,
             four_eyes=True,
             does="undoes {what} with the declared compensations, latest first",
@@ -146,7 +138,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "terminate",
             "terminate",
             "terminate",
-            "run_terminate",
             four_eyes=True,
             bulk=True,
             does="stops the run for good; effects already made stay made",
@@ -159,7 +150,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "supersede",
             "change the decision",
             "supersede",
-            "decision_supersede",
             StepArg.REQUIRED,
             decision=True,
             does="replaces the model's decision for {step} with the one you write (checked against its schema "
@@ -170,7 +160,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "decide_again",
             "ask the model again",
             "supersede",
-            "decision_supersede",
             StepArg.REQUIRED,
             does="asks the model again for {step}'s decision",
             sends="a new request to the model only",
@@ -179,7 +168,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "override",
             "accept the refused proposal",
             "override",
-            "step_override",
             StepArg.REQUIRED,
             does="lets {step} act on the proposal the guard refused, for this run only",
             sends="{step}'s request as proposed",
@@ -190,7 +178,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "snooze_alert",
             "snooze its alert",
             "snooze",
-            "alert_snooze",
             duration=True,
             does="silences the run's alert for a while; the run itself does not change",
             sends="nothing",
@@ -200,7 +187,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "stop_agent",
             "stop the agent",
             "stop_agent",
-            "agent_stop",
             StepArg.REQUIRED,
             does="stops the agent {step}: nothing more is asked of the model",
             sends="nothing more",
@@ -211,7 +197,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "fork_agent",
             "fork the agent from this turn",
             "fork_agent",
-            "agent_fork",
             StepArg.REQUIRED,
             does="asks the model again from before turn {step}; calls already made stay made",
             sends="later tool calls under a new key version",
@@ -223,7 +208,6 @@ ACTIONS: dict[str, OperatorAction] = {
             "move_version",
             "move to another version",
             "move_version",
-            "run_move_version",
             four_eyes=True,
             bulk=True,
             version=True,
@@ -235,6 +219,22 @@ ACTIONS: dict[str, OperatorAction] = {
         ),
     )
 }
+
+
+def audited(name: str) -> bool:
+    """Whether an audit event may carry ``name``: the engine's (recovery.states.AuditAction) and
+    each operator action's own (a transition audits under it unless it names an AuditAction)."""
+    return name in AuditAction.values or name in ACTIONS
+
+
+def audit_label(name: str) -> str:
+    """An audited action as an operator reads it ("mark not happened" for ``resolve_absent``,
+    "attempt failed" for ``step_fail``); a name no longer written, in words."""
+    if name in AuditAction.values:
+        return AuditAction(name).label
+    action = ACTIONS.get(name)
+    return action.label if action else str(name).replace("_", " ")
+
 
 FOUR_EYES_ACTIONS = frozenset(name for name, action in ACTIONS.items() if action.four_eyes)
 BULK_ACTIONS = tuple(name for name, action in ACTIONS.items() if action.bulk)

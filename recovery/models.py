@@ -10,8 +10,10 @@ from recovery.errors import ErrorKind
 from recovery.fields import CanonicalJSONField
 from recovery.states import (  # noqa: F401  (re-exported: the words a run's life is told in, recovery.states)
     AGENT_STOPPED,
+    FAILURE_ACTIONS,
     IN_PROGRESS_RUN_STATES,
     TERMINAL_RUN_STATES,
+    AuditAction,
     RunState,
     StepState,
     StuckCause,
@@ -198,10 +200,6 @@ class ModelDecision(models.Model):
         ]
 
 
-# Audit actions the dashboard counts as failures (its partial index lists them).
-FAILURE_ACTIONS = ["step_fail", "step_unknown", "outbox_retry"]
-
-
 _STATE_KEYS = {"run": RunState, "step": StepState}  # the audit's snapshot keys that hold a state
 
 
@@ -223,7 +221,7 @@ class AuditEvent(models.Model):
     actor_user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, db_index=False
     )
-    action = models.CharField(max_length=50)
+    action = models.CharField(max_length=50)  # an AuditAction, or an operator action's name (audit_label)
     reason = models.TextField(blank=True)
     # Canonical text (the export streams it as stored): see recovery.fields.
     before = CanonicalJSONField(default=dict)

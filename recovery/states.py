@@ -60,3 +60,80 @@ class StuckCause(models.TextChoices):
 
 
 STUCK_LABELS: dict[str, str] = dict(StuckCause.choices)  # cause -> its label, in the console's order
+
+
+class AuditAction(models.TextChoices):
+    """What an audit event records, as an auditor reads it: every name the engine, the alerts
+    and four-eyes write. An operator action (recovery.actions) is audited under its own name and
+    label unless its transition names one of these (``acting(audit_as=…)``): ``resolve`` for both
+    answers to an unknown outcome, ``policy_override`` for accepting a refusal, and so on."""
+
+    # a run's life under an executor
+    START = "start", "run started"
+    CLAIM = "claim", "claimed by an executor"
+    LEASE_TAKEOVER = "lease_takeover", "taken over after a lease expired"
+    RELEASE = "release", "released by the executor"
+    WAIT = "wait", "waiting to try again"
+    REVIEW = "review", "stopped for review"
+    COMPLETE = "complete", "run completed"
+    # a step's call
+    STEP_BEGIN = "step_begin", "attempt begun"
+    STEP_SUCCEED = "step_succeed", "step succeeded"
+    STEP_FAIL = "step_fail", "attempt failed"
+    STEP_UNKNOWN = "step_unknown", "outcome unknown"
+    DECISION_REUSED = "decision_reused", "accepted decision reused"
+    POLICY_REFUSED = "policy_refused", "refused by a guard"
+    CHECK_DEFERRED = "check_deferred", "guard could not check; tried again later"
+    RECONCILED = "reconciled", "found at the receiver"
+    RECONCILED_ABSENT = "reconciled_absent", "not found at the receiver"
+    RECONCILE_WAIT = "reconcile_wait", "look-up waits for the in-flight window"
+    RECONCILE_DEFERRED = "reconcile_deferred", "look-up failed; tried again later"
+    # an outbox step's message
+    STEP_ENQUEUE = "step_enqueue", "message queued"
+    OUTBOX_DELIVERED = "outbox_delivered", "message delivered"
+    OUTBOX_RETRY = "outbox_retry", "delivery failed; tried again later"
+    OUTBOX_FAIL = "outbox_fail", "delivery failed"
+    OUTBOX_CANCEL = "outbox_cancel", "delivery cancelled"
+    OUTBOX_SETTLE_WAIT = "outbox_settle_wait", "delivery look-up waits for the in-flight window"
+    # an agent's journal
+    AGENT_TURN_ADD = "agent_turn_add", "agent turn added"
+    AGENT_TURN = "agent_turn", "agent turn recorded"
+    # compensation
+    COMPENSATION_BEGIN = "compensation_begin", "compensation begun"
+    COMPENSATION_SUCCEED = "compensation_succeed", "compensated"
+    COMPENSATION_FAIL = "compensation_fail", "compensation failed"
+    COMPENSATION_REFUSED = "compensation_refused", "compensation refused: not the run's own object"
+    COMPENSATION_RETRY = "compensation_retry", "compensation failed; tried again later"
+    COMPENSATION_DONE = "compensation_done", "compensation finished"
+    # operators' actions audited under a name of their own
+    RESOLVE = "resolve", "outcome settled by an operator"
+    POLICY_OVERRIDE = "policy_override", "refusal overridden"
+    DECISION_SUPERSEDE = "decision_supersede", "decision replaced"
+    AGENT_STOP = "agent_stop", "agent stopped"
+    AGENT_FORK = "agent_fork", "agent forked from a turn"
+    ALERT_SNOOZED = "alert_snoozed", "alerts snoozed"
+    # alerts and four-eyes
+    ALERT_RAISED = "alert_raised", "alert raised"
+    ALERT_RESOLVED = "alert_resolved", "alert resolved"
+    ALERT_SENT = "alert_sent", "alert sent"
+    ALERT_FAILED = "alert_failed", "alert delivery failed"
+    APPROVAL_REQUEST = "approval_request", "approval requested"
+    APPROVAL_GRANT = "approval_grant", "approval granted"
+    APPROVAL_REJECT = "approval_reject", "approval turned down"
+
+
+# Failed or unknown call attempts (the dashboard's failure counts; audit_failures_at_idx).
+FAILURE_ACTIONS = [AuditAction.STEP_FAIL.value, AuditAction.STEP_UNKNOWN.value, AuditAction.OUTBOX_RETRY.value]
+# The executor's routine events: logged at DEBUG (recovery.engine.observed).
+ROUTINE_ACTIONS = frozenset(
+    {
+        AuditAction.CLAIM,
+        AuditAction.STEP_BEGIN,
+        AuditAction.STEP_SUCCEED,
+        AuditAction.STEP_ENQUEUE,
+        AuditAction.DECISION_REUSED,
+        AuditAction.COMPLETE,
+        AuditAction.WAIT,
+        AuditAction.RELEASE,
+    }
+)

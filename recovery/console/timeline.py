@@ -17,33 +17,34 @@ from django.utils.timezone import localtime
 
 from recovery.clock import time_of_day
 from recovery.models import StepExecution, WorkflowRun
+from recovery.states import AuditAction
 
 # The timeline plots at most the newest TIMELINE_POINTS attempt events (a retry storm of
 # thousands would be an unreadable smear and a slow page); its axis then starts at the oldest shown.
 TIMELINE_POINTS = 100
 TIMELINE_ACTIONS = {
-    "step_begin": "begin",
-    "step_enqueue": "ok",
-    "step_succeed": "ok",
-    "decision_reused": "ok",
-    "reconciled": "ok",
-    "reconciled_absent": "begin",
-    "outbox_delivered": "ok",
-    "step_fail": "fail",
-    "policy_refused": "fail",
-    "check_deferred": "fail",
-    "outbox_retry": "fail",
-    "outbox_fail": "fail",
-    "step_unknown": "unknown",
-    "reconcile_deferred": "unknown",
-    "compensation_begin": "compensate",
-    "compensation_succeed": "compensate",
-    "compensation_retry": "fail",
-    "compensation_fail": "fail",
-    "compensation_refused": "fail",  # not sent: not the run's own object
+    AuditAction.STEP_BEGIN: "begin",
+    AuditAction.STEP_ENQUEUE: "ok",
+    AuditAction.STEP_SUCCEED: "ok",
+    AuditAction.DECISION_REUSED: "ok",
+    AuditAction.RECONCILED: "ok",
+    AuditAction.RECONCILED_ABSENT: "begin",
+    AuditAction.OUTBOX_DELIVERED: "ok",
+    AuditAction.STEP_FAIL: "fail",
+    AuditAction.POLICY_REFUSED: "fail",
+    AuditAction.CHECK_DEFERRED: "fail",
+    AuditAction.OUTBOX_RETRY: "fail",
+    AuditAction.OUTBOX_FAIL: "fail",
+    AuditAction.STEP_UNKNOWN: "unknown",
+    AuditAction.RECONCILE_DEFERRED: "unknown",
+    AuditAction.COMPENSATION_BEGIN: "compensate",
+    AuditAction.COMPENSATION_SUCCEED: "compensate",
+    AuditAction.COMPENSATION_RETRY: "fail",
+    AuditAction.COMPENSATION_FAIL: "fail",
+    AuditAction.COMPENSATION_REFUSED: "fail",  # not sent: not the run's own object
 }
 # An attempt starts with one of these; the next event of its step is its outcome.
-ATTEMPT_STARTS = frozenset({"step_begin", "compensation_begin"})
+ATTEMPT_STARTS = frozenset({AuditAction.STEP_BEGIN, AuditAction.COMPENSATION_BEGIN})
 
 WIDTH, LANE_HEIGHT, LEFT = 640, 22, 170
 BAR_HEIGHT, MIN_BAR = 10, 4  # px: an attempt of no measurable length is still a visible bar

@@ -33,6 +33,7 @@ from recovery.engine.transitions import Lease
 from recovery.errors import ErrorKind, InvalidModelOutput, LeaseLost, PermanentError, StepError, UnknownOutcome
 from recovery.models import DecisionState, ModelDecision, OutboxState, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.states import AuditAction
 from recovery.workflow import (
     Outcome,
     Reconcile,
@@ -269,7 +270,7 @@ def _reconcile(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) ->
             step_name=step.step_name,
             outcome=as_outcome(found),
             complete_run=plan.is_last(step),
-            action="reconciled",
+            action=AuditAction.RECONCILED,
             reason="look-up by idempotency key found the remote object",
         )
         return True
@@ -326,7 +327,7 @@ def _execute(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> f
                 step_name=name,
                 complete_run=plan.is_last(step),
                 outcome=Outcome(remote_ref=f"decision v{accepted.version}", result=accepted.accepted),
-                action="decision_reused",
+                action=AuditAction.DECISION_REUSED,
                 reason=f"accepted decision v{accepted.version} reused",
             )
             return

@@ -23,6 +23,8 @@ from django.conf import settings
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
+from recovery.states import AuditAction
+
 STEP_ATTEMPTS = Counter(
     "recovery_step_attempts",
     "Step attempts by how they ended: succeeded, failed (with its error kind) or unknown.",
@@ -83,31 +85,32 @@ def outcome(action: str, after: Mapping[str, Any]) -> tuple[str, str] | None:
     wait | failed)``, ``("refusal", "refused")``; None for any other transition. An outbox
     step's delivery is its call: a message found delivered by its look-up is a reconcile."""
     match action:
-        case "step_succeed":
+        case AuditAction.STEP_SUCCEED:
             return "attempt", "succeeded"
-        case "step_fail":
+        case AuditAction.STEP_FAIL:
             return "attempt", "failed"
-        case "step_unknown":
+        case AuditAction.STEP_UNKNOWN:
             return "attempt", "unknown"
-        case "outbox_retry" | "outbox_fail":  # a delivery attempt (or its look-up) failed, or its answer was lost
+        case AuditAction.OUTBOX_RETRY | AuditAction.OUTBOX_FAIL:
+            # a delivery attempt (or its look-up) failed, or its answer was lost
             return "attempt", "unknown" if after.get("error_kind") == "unknown_outcome" else "failed"
-        case "outbox_delivered":
+        case AuditAction.OUTBOX_DELIVERED:
             return ("attempt", "succeeded") if after.get("how") == "delivered" else ("reconcile", "happened")
-        case "reconciled":
+        case AuditAction.RECONCILED:
             return "reconcile", "happened"
-        case "reconciled_absent":
+        case AuditAction.RECONCILED_ABSENT:
             return "reconcile", "absent"
-        case "reconcile_wait" | "outbox_settle_wait":
+        case AuditAction.RECONCILE_WAIT | AuditAction.OUTBOX_SETTLE_WAIT:
             return "reconcile", "wait"
-        case "reconcile_deferred":
+        case AuditAction.RECONCILE_DEFERRED:
             return "reconcile", "failed"
-        case "policy_refused":
+        case AuditAction.POLICY_REFUSED:
             return "refusal", "refused"
     return None
 
 
 def _record(workflow: str, action: str, step: str, after: Mapping[str, Any], found: tuple[str, str] | None) -> None:
-    if action == "lease_takeover":
+    if action == AuditAction.LEASE_TAKEOVER:
         LEASE_TAKEOVERS.labels(workflow).inc()
         return
     kind, result = found
@@ -124,7 +127,7 @@ def _record(workflow: str, action: str, step: str, after: Mapping[str, Any], fou
 def transition(workflow: str, action: str, step: str, after: Mapping[str, Any]) -> None:
     """A transition wrote its audit event ``action``: count it once its transaction commits."""
     found = outcome(action, after)
-    if (found is not None or action == "lease_takeover") and _enabled():
+    if (found is not None or action == AuditAction.LEASE_TAKEOVER) and _enabled():
         transaction.on_commit(partial(_record, workflow, action, step, after, found))
 
 

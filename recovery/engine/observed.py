@@ -15,12 +15,9 @@ from django.db import transaction
 
 from recovery import tracing
 from recovery.engine import metrics
+from recovery.states import ROUTINE_ACTIONS
 
 log = logging.getLogger("recovery.transitions")
-
-ROUTINE = frozenset(
-    {"claim", "step_begin", "step_succeed", "step_enqueue", "decision_reused", "complete", "wait", "release"}
-)
 
 
 def transition(
@@ -39,7 +36,7 @@ def transition(
     if found is not None:  # the step attempt's span, when tracing is on
         kind = after.get("error_kind") if found[1] != "succeeded" else None
         tracing.annotate({"workflow.step.outcome": found[1], "error.type": kind})
-    level = logging.DEBUG if action in ROUTINE and actor == "executor" else logging.INFO
+    level = logging.DEBUG if action in ROUTINE_ACTIONS and actor == "executor" else logging.INFO
     if not log.isEnabledFor(level):
         return
     fields = {

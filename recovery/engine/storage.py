@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models
 
 from recovery.models import AuditEvent, StepExecution, WorkflowRun
+from recovery.states import AuditAction
 
 Fields = tuple[models.Field, ...]
 # Fields written by a statement, in its parameters' order, each with whether it is JSON.
@@ -410,7 +411,8 @@ def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fiel
             INSERT INTO {quote(AuditEvent._meta.db_table)}
                 ("run_id", "step_name", "action", "reason", "before", "after", "at", "actor", "actor_user_id")
             SELECT "id", '',
-                CASE WHEN before_owner <> '' THEN 'lease_takeover' ELSE 'claim' END, '',
+                CASE WHEN before_owner <> '' THEN '{AuditAction.LEASE_TAKEOVER.value}'
+                    ELSE '{AuditAction.CLAIM.value}' END, '',
                 CASE WHEN before_owner <> ''
                     THEN {_json_object({"run": "before_state", "lease_owner": "before_owner"})}
                     ELSE {_json_object({"run": "before_state"})} END,

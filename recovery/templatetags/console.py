@@ -4,7 +4,7 @@ import json
 
 from django import template
 
-from recovery.actions import ACTIONS
+from recovery.actions import audit_label
 
 register = template.Library()
 
@@ -25,7 +25,5 @@ def error_lines(text) -> dict:
 
 @register.filter
 def action_label(name) -> str:
-    """An audited action as an operator reads it: an operator action's label ("mark not happened"
-    for ``resolve_absent``), else its name in words ("step succeed")."""
-    action = ACTIONS.get(str(name))
-    return action.label if action else str(name).replace("_", " ")
+    """An audited action as an operator reads it (recovery.actions.audit_label)."""
+    return audit_label(str(name))

@@ -144,7 +144,7 @@ def test_supervisor_changes_a_refused_decision_in_the_json_form_and_the_run_comp
     form.locator("button").click()
     page.wait_for_selector("text=change the decision (decide) recorded")
     first_row = page.locator("table.history tbody tr").first
-    assert "decision supersede" in first_row.inner_text() and "supervisor" in first_row.inner_text()
+    assert "decision replaced" in first_row.inner_text() and "supervisor" in first_row.inner_text()
 
     run = drive(run, clock)
     assert run.state == RunState.COMPLETED

@@ -108,7 +108,8 @@ def test_an_action_and_its_history_read_as_labels_with_times_in_their_zone(clock
     history = response.text.split('id="run-history"')[1]
     actions = re.findall(r"<td>u-supervisor</td>\s*<td>([^<]*)</td>|<td>executor</td>\s*<td>([^<]*)</td>", history)
     actions = [a or b for a, b in actions]
-    assert "resolve" in actions and "step unknown" in actions  # the engine's step_unknown, in words
+    # the audit vocabulary's labels (recovery.states.AuditAction): resolve, the engine's step_unknown
+    assert "outcome settled by an operator" in actions and "outcome unknown" in actions
     assert all("_" not in a for a in actions)
     cells = re.findall(r'<td title="[^"]+">([^<]+)</td>', history)
     assert cells and all(c.endswith(" UTC") for c in cells)

@@ -43,6 +43,7 @@ from typing import Any
 from django.db import connection as default_connection
 
 from recovery.fields import canonical_json
+from recovery.states import AuditAction
 
 TABLE = "recovery_auditevent"
 RUN_TABLE = "recovery_workflowrun"
@@ -351,7 +352,7 @@ def run_problem(run: StoredRun) -> RunProblem | None:
     if not run.events:
         return RunProblem(run.workflow_id, f"it has no audit events (it is {run.state}): its trail was emptied")
     first = run.events[0]
-    if first.action != "start":
+    if first.action != AuditAction.START:
         return RunProblem(
             run.workflow_id, f"its first event is {first.describe()}, not its start: the events before it are missing"
         )

@@ -47,6 +47,7 @@ from django.db import connection
 from django.db.models import BooleanField, DateTimeField, F, Func, Q, QuerySet, TextField, Value
 
 from recovery import clock
+from recovery.actions import audited
 from recovery.engine.audit.trailer import Tally, trailer_lines
 from recovery.fields import canonical_json
 from recovery.models import AuditEvent, WorkflowRun
@@ -118,6 +119,10 @@ def parse_filters(params: Mapping[str, str]) -> AuditFilters:
     )
     if filters.run is not None and not WorkflowRun.objects.filter(workflow_id=filters.run).exists():
         raise ValueError(f"no run {filters.run!r}")
+    if filters.action is not None and not audited(filters.action):
+        raise ValueError(
+            f"no audit action {filters.action!r} (recovery.states.AuditAction, or an operator action's name)"
+        )
     return filters
 
 

@@ -23,6 +23,7 @@ from ._core import (
     run_version,
 )
 from ._core import _live_lease as lease_is_live
+from .acting import LABELS, needs_approval
 from .agents import agent_fork, agent_stop, agent_turn_add, agent_turn_record
 from .alerts import (
     alert_delivered,
@@ -56,8 +57,6 @@ from .leases import (
 from .offers import AGENT_STOPPED, UNDONE_STEP_STATES, Situation, offered, why_not
 from .operator import (
     BUDGET_FIELDS,
-    LABELS,
-    needs_approval,
     run_resume,
     run_terminate,
     step_override,
@@ -77,6 +76,7 @@ from .outbox import (
     step_enqueue,
 )
 from .perform import perform
+from .performers import PERFORMERS, check_complete
 from .runs import (
     Started,
     run_complete,
@@ -117,6 +117,7 @@ from .versions import (
 )
 
 __all__ = [
+    "PERFORMERS",
     "MovePlan",
     "accepted_by_run",
     "accepted_decisions",
@@ -215,3 +216,5 @@ __all__ = [
     "executor_stop",
     "executors_prune",
 ]
+
+check_complete()  # every operator action has the transition that performs it

@@ -17,6 +17,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
 from recovery import clock, redaction, text
+from recovery.actions import audited
 from recovery.engine import storage
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, StepError
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
@@ -108,6 +109,8 @@ def _audit_row(
     after: dict,
     now: datetime,
 ) -> dict[str, Any]:
+    if not audited(action):
+        raise ValueError(f"{action!r} is no audit action: name it in recovery.states.AuditAction")
     user = who["actor_user"]
     return {
         "run_id": run.pk,

@@ -13,34 +13,28 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
 
-from recovery import clock
-from recovery.engine import dispatch
 from recovery.errors import ErrorKind
 from recovery.models import RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.states import AuditAction
 from recovery.workflow import idempotency_key, journal_rows, parse_journal_name, turn_name
 
 from . import offers
 from ._core import (
     RUN_LEASE_FIELDS,
     Lease,
-    _abandon_running_steps,
-    _actor_fields,
-    _audit,
     _Change,
     _check,
-    _locked_run_by_id,
     _redacted,
     _release_into,
-    _save_run,
     _save_step,
     _snap,
     _step_transition,
-    require_reason,
 )
+from .acting import acting
 from .checkpoints import Draft
+from .performers import performs
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
 
 
@@ -73,7 +67,7 @@ def agent_turn_add(
         change.reason = f"model turn {turn}"
         change.extra = {"turn": turn}
 
-    _step_transition(lease, agent, "agent_turn_add", now, body, draft=draft)
+    _step_transition(lease, agent, AuditAction.AGENT_TURN_ADD, now, body, draft=draft)
     return added[-1]
 
 
@@ -134,7 +128,7 @@ def agent_turn_record(
         change.reason = "final answer" if final is not None else f"asks for {asked}" if calls else "no call"
         change.extra = {"calls": len(calls), "final": final is not None}
 
-    return _step_transition(lease, step_name, "agent_turn", now, body)
+    return _step_transition(lease, step_name, AuditAction.AGENT_TURN, now, body)
 
 
 def _new_row(
@@ -156,6 +150,7 @@ def _new_row(
 # --- by an operator ------------------------------------------------------------------------
 
 
+@performs("stop_agent", offered=offers.agent_stoppable)
 def agent_stop(
     *,
     workflow_id: str,
@@ -170,31 +165,34 @@ def agent_stop(
     are left out (nothing is sent for them), the step is held and the run waits for an
     operator — who resumes the run (the agent goes on), forks it from a turn, compensates or
     terminates."""
-    reason = require_reason(reason)
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run_by_id(workflow_id, expect)
-        situation = offers.require("stop_agent", run, now, step_name=step_name, actor=actor)  # steps locked
-        unknown = _abandon_running_steps(run, now, actor)
-        agent = situation.step(step_name)
-        before = _snap(run, agent)
-        who = _actor_fields(actor)["actor"]
+    with acting(
+        "stop_agent",
+        workflow_id=workflow_id,
+        step_name=step_name,
+        actor=actor,
+        reason=reason,
+        expect=expect,
+        now=now,
+        audit_as=AuditAction.AGENT_STOP,
+    ) as act:
+        run, now, reason, who = act.run, act.now, act.reason, act.who
+        unknown = act.abandon_running()
+        agent = act.step
         left_out = []
-        for row in journal_rows(step_name, situation.steps):
+        for row in journal_rows(step_name, act.situation.steps):
             if row.state == StepState.PENDING and not row.attempts:
                 _leave_out(row, f"not made: the agent was stopped by {who}: {reason}", now, actor)
                 left_out.append(row.step_name)
         agent.refusal = {"rule": offers.AGENT_STOPPED, "message": f"stopped by {who}: {reason}", "values": {}}
-        _save_step(agent, ["refusal"], now, actor)
+        act.save_step(agent, ["refusal"])
         _check(RUN_TRANSITIONS, "hold", run.state, "run")
-        _release_into(run, RunState.NEEDS_REVIEW, reason=f"{step_name}: the agent was stopped by {who}: {reason}")
-        run.lease_generation += 1  # fence off an executor still running it
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-        after = {**_snap(run, agent), "left_out": left_out, **({"steps_now_unknown": unknown} if unknown else {})}
-        _audit(run, "agent_stop", actor=actor, step_name=step_name, reason=reason, before=before, after=after, now=now)
+        # fence off an executor still running it
+        act.release(RunState.NEEDS_REVIEW, f"{step_name}: the agent was stopped by {who}: {reason}", fence=True)
+        act.extra.update(left_out=left_out, **({"steps_now_unknown": unknown} if unknown else {}))
         return run
 
 
+@performs("fork_agent", offered=offers.agent_forkable)
 def agent_fork(
     *,
     workflow_id: str,
@@ -209,17 +207,22 @@ def agent_fork(
     again from the turns before it, and every later turn and call gets a new key version.
     Calls that succeeded stay as they are — their effects stand until an operator compensates
     them, explicitly. A stop is lifted (so is it by resuming the run)."""
-    reason = require_reason(reason)
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run_by_id(workflow_id, expect)
-        situation = offers.require("fork_agent", run, now, step_name=step_name, actor=actor)  # steps locked
+    with acting(
+        "fork_agent",
+        workflow_id=workflow_id,
+        step_name=step_name,
+        actor=actor,
+        reason=reason,
+        expect=expect,
+        now=now,
+        audit_as=AuditAction.AGENT_FORK,
+    ) as act:
+        run, now, reason, who = act.run, act.now, act.reason, act.who
         turn = parse_journal_name(step_name)
-        agent = situation.step(turn.agent)
-        before = _snap(run, agent)
-        who = _actor_fields(actor)["actor"]
+        agent = act.situation.step(turn.agent)
+        act.before = _snap(run, agent)
         left_out = []
-        for row in journal_rows(turn.agent, situation.steps):
+        for row in journal_rows(turn.agent, act.situation.steps):
             entry = parse_journal_name(row.step_name)
             made = entry.tool is not None and row.state == StepState.SUCCEEDED
             if entry.turn >= turn.turn and row.state != StepState.SKIPPED and not made:
@@ -227,13 +230,10 @@ def agent_fork(
                 left_out.append(row.step_name)
         agent.key_version += 1  # every later turn and call: a new key version
         agent.state, agent.result, agent.refusal = StepState.PENDING, None, None
-        _save_step(agent, ["key_version", "state", "result", "refusal"], now, actor)
+        act.save_step(agent, ["key_version", "state", "result", "refusal"])
         _check(RUN_TRANSITIONS, "resume", run.state, "run")
-        _release_into(run, RunState.PENDING, reason=f"{turn.agent}: forked from turn {turn.turn} by {who}")
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-        after = {**_snap(run, agent), "key_version": agent.key_version, "left_out": left_out}
-        _audit(run, "agent_fork", actor=actor, step_name=step_name, reason=reason, before=before, after=after, now=now)
-        dispatch.enqueue_run(run.pk)
+        act.release(RunState.PENDING, f"{turn.agent}: forked from turn {turn.turn} by {who}")
+        act.after = {**_snap(run, agent), "key_version": agent.key_version, "left_out": left_out}
         return run
 
 

@@ -16,9 +16,12 @@ from recovery.engine import metrics
 from recovery.errors import InvalidTransition
 from recovery.models import Alert, AlertDelivery, AlertState, DeliveryState, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.states import AuditAction
 
 from . import offers
-from ._core import _audit, _locked_run_by_id, require_reason
+from ._core import _audit
+from .acting import acting
+from .performers import performs
 
 ALERTS = "alerts"  # the actor of the alerts' own audit events
 DELIVERY_ATTEMPTS = 8  # then the delivery is given up (failed): 1, 2, 4 … 64 s apart, about two minutes
@@ -51,7 +54,7 @@ def alert_raise(
             state = {"run": run.state, "alert": cause}
             _audit(
                 run,
-                "alert_raised",
+                AuditAction.ALERT_RAISED,
                 actor=ALERTS,
                 reason=f"stuck since {run.updated_at:%Y-%m-%d %H:%M:%S} UTC ({cause}): {alert.why}"[:2000],
                 before=state,
@@ -76,10 +79,11 @@ def alert_resolve(*, alert_pk: int, why: str, now: datetime | None = None) -> Al
         alert.save(update_fields=["state", "resolved_at"])
         alert.deliveries.filter(state=DeliveryState.PENDING).update(state=DeliveryState.CANCELLED)
         after = {**before, "alert_state": alert.state}
-        _audit(alert.run, "alert_resolved", actor=ALERTS, reason=why, before=before, after=after, now=now)
+        _audit(alert.run, AuditAction.ALERT_RESOLVED, actor=ALERTS, reason=why, before=before, after=after, now=now)
         return alert
 
 
+@performs("snooze_alert", offered=offers.snoozable)
 def alert_snooze(
     *,
     workflow_id: str,
@@ -91,29 +95,32 @@ def alert_snooze(
 ) -> WorkflowRun:
     """A supervisor silences the run's firing alerts, with a reason, for ``hours`` (24; at most
     a week): what was not sent yet is not sent, and no new alert is raised for the run meanwhile."""
-    reason = require_reason(reason)
-    now = now or clock.now()
     if hours is None:
         hours = SNOOZE_DEFAULT_HOURS
     if not 0 < hours <= MAX_SNOOZE_HOURS:  # also refuses nan and inf
         raise InvalidTransition(f"a snooze lasts more than 0 and at most {MAX_SNOOZE_HOURS} hours (a week)")
-    until = now + timedelta(hours=hours)
-    with transaction.atomic():
-        run = _locked_run_by_id(workflow_id, expect)
-        offers.require("snooze_alert", run, now, actor=actor)
+    with acting(
+        "snooze_alert",
+        workflow_id=workflow_id,
+        actor=actor,
+        reason=reason,
+        expect=expect,
+        now=now,
+        audit_as=AuditAction.ALERT_SNOOZED,
+    ) as act:
+        run, until = act.run, act.now + timedelta(hours=hours)
         firing = list(Alert.objects.select_for_update().filter(run=run, state=AlertState.FIRING))
         who = actor.get_username() if actor is not None else ALERTS
         for alert in firing:
             alert.state, alert.snoozed_until, alert.snoozed_by = AlertState.SNOOZED, until, who
-            alert.snooze_reason = redact_text(reason)
+            alert.snooze_reason = redact_text(act.reason)
             alert.save(update_fields=["state", "snoozed_until", "snoozed_by", "snooze_reason"])
         AlertDelivery.objects.filter(alert__in=firing, state=DeliveryState.PENDING).update(
             state=DeliveryState.CANCELLED
         )
         causes = sorted(a.cause for a in firing)
-        before = {"run": run.state, "alerts": causes, "alert_state": AlertState.FIRING}
-        after = {**before, "alert_state": AlertState.SNOOZED, "until": until.isoformat()}
-        _audit(run, "alert_snoozed", actor=actor, reason=reason, before=before, after=after, now=now)
+        act.before = {"run": run.state, "alerts": causes, "alert_state": AlertState.FIRING}
+        act.after = {**act.before, "alert_state": AlertState.SNOOZED, "until": until.isoformat()}
         return run
 
 
@@ -143,7 +150,9 @@ def alert_delivered(*, delivery_pk: int, now: datetime | None = None) -> None:
             return
         delivery.state, delivery.sent_at, delivery.next_attempt_at = DeliveryState.SENT, now, None
         delivery.save(update_fields=["state", "sent_at", "next_attempt_at"])
-        _audit_delivery(delivery, "alert_sent", f"sent by {delivery.channel} (attempt {delivery.attempts})", now)
+        _audit_delivery(
+            delivery, AuditAction.ALERT_SENT, f"sent by {delivery.channel} (attempt {delivery.attempts})", now
+        )
         metrics.alert_sent(delivery.channel)
 
 
@@ -158,7 +167,7 @@ def alert_delivery_failed(*, delivery_pk: int, error: str, now: datetime | None 
         if delivery.attempts >= DELIVERY_ATTEMPTS:
             delivery.state, delivery.next_attempt_at = DeliveryState.FAILED, None
             reason = f"not sent by {delivery.channel} after {delivery.attempts} attempts: {delivery.last_error}"
-            _audit_delivery(delivery, "alert_failed", reason[:2000], now)
+            _audit_delivery(delivery, AuditAction.ALERT_FAILED, reason[:2000], now)
         else:
             delivery.next_attempt_at = now + timedelta(seconds=2.0 ** (delivery.attempts - 1))
         delivery.save(update_fields=["state", "last_error", "next_attempt_at"])

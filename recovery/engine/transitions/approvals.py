@@ -14,14 +14,14 @@ from recovery.actions import ACTIONS
 from recovery.errors import InvalidTransition, RunChanged
 from recovery.models import ApprovalRequest, ApprovalState, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.states import AuditAction
 
+from . import offers
 from ._core import _audit, _locked_run_by_id, _snap, require_reason, run_version
-from .operator import _DRY_RUN, LABELS, needs_approval
+from .acting import LABELS, needs_approval
+from .operator import checked_evidence
 from .perform import perform
-
-
-class _RolledBack(Exception):
-    pass
+from .versions import planned_move
 
 
 def _perform(request: ApprovalRequest, *, actor: AbstractBaseUser, reason: str, expect: str | None, now: datetime):
@@ -38,18 +38,20 @@ def _perform(request: ApprovalRequest, *, actor: AbstractBaseUser, reason: str, 
     )
 
 
-def _dry_run(request: ApprovalRequest, *, actor: AbstractBaseUser, now: datetime) -> None:
-    """Run the requested action and roll it back: a request is only made for an action that
-    would run now (its InvalidTransition is the requester's answer)."""
-    token = _DRY_RUN.set(request)
-    try:
-        with transaction.atomic():
-            _perform(request, actor=actor, reason=request.reason, expect=None, now=now)
-            raise _RolledBack
-    except _RolledBack:
-        pass
-    finally:
-        _DRY_RUN.reset(token)
+def _would_run(request: ApprovalRequest, *, actor: AbstractBaseUser, now: datetime) -> None:
+    """A request is made only for an action that would run now: the action's offer for the
+    requester (the run's state and steps, who may compensate what: offers.why_not), and what it
+    is asked with — the evidence's shape, the version the run would move to — checked as its
+    transition checks them. Its InvalidTransition is the requester's answer; nothing is run."""
+    refused = offers.role_refusal(request.action, actor)
+    if refused is not None:
+        raise refused
+    situation = offers.require(request.action, request.run, now, step_name=request.step_name or None, actor=actor)
+    options = request.options or {}
+    if ACTIONS[request.action].evidence:
+        checked_evidence(options.get("evidence"))
+    if ACTIONS[request.action].version:
+        planned_move(request.run, situation.steps, options.get("version"), options.get("effects_stand", False))
 
 
 def _approval_snap(request: ApprovalRequest) -> dict[str, Any]:
@@ -102,13 +104,13 @@ def approval_request(
             requested_by=actor,
             requested_at=now,
         )
-        _dry_run(request, actor=actor, now=now)
+        _would_run(request, actor=actor, now=now)
         try:
             with transaction.atomic():
                 request.save()
         except IntegrityError:
             raise InvalidTransition(f"a request to {LABELS[action]} is already waiting for approval") from None
-        _approval_audit(run, request, "approval_request", actor=actor, reason=reason, now=now)
+        _approval_audit(run, request, AuditAction.APPROVAL_REQUEST, actor=actor, reason=reason, now=now)
         return request
 
 
@@ -168,7 +170,13 @@ def approval_grant(
         _decide(request, ApprovalState.APPROVED, actor=actor, reason=reason, now=now)
         requester = request.requested_by.get_username()
         _approval_audit(
-            run, request, "approval_grant", actor=actor, reason=request.decision_reason, now=now, requested_by=requester
+            run,
+            request,
+            AuditAction.APPROVAL_GRANT,
+            actor=actor,
+            reason=request.decision_reason,
+            now=now,
+            requested_by=requester,
         )
         who = f"requested by {requester}, approved by {actor.get_username()}"
         return _perform(request, actor=actor, reason=_performed_reason(request.reason, who), expect=None, now=now)
@@ -198,7 +206,7 @@ def approval_reject(
         if actor is None or (request.requested_by_id != actor.pk and not permissions.can(actor, "approve")):
             raise InvalidTransition("only a supervisor, or the requester, can turn a request down")
         _decide(request, ApprovalState.REJECTED, actor=actor, reason=reason, now=now)
-        _approval_audit(run, request, "approval_reject", actor=actor, reason=reason, now=now)
+        _approval_audit(run, request, AuditAction.APPROVAL_REJECT, actor=actor, reason=reason, now=now)
         return request
 
 

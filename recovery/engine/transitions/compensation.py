@@ -6,24 +6,22 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
 
 from recovery import clock
 from recovery.engine import dispatch
 from recovery.errors import ErrorKind, NotThisStep, StepError, TransientError
 from recovery.models import ApprovalRequest, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.states import AuditAction
 from recovery.workflow import Outcome, StepSpec, workflow_of
 
 from . import offers
 from ._core import (
     RUN_LEASE_FIELDS,
     Lease,
-    _abandon_running_steps,
     _audit,
     _Change,
     _check,
-    _locked_run_by_id,
     _redacted,
     _release_into,
     _run_transition,
@@ -32,9 +30,9 @@ from ._core import (
     _snap,
     _step_transition,
     in_flight_text,
-    require_reason,
 )
-from .operator import _four_eyes
+from .acting import acting
+from .performers import performs
 from .tables import DONE_STEP_STATES, RUN_TRANSITIONS, STEP_TRANSITIONS
 
 # --- compensation (rule 10) -----------------------------------------------------------
@@ -46,20 +44,28 @@ def _compensation_targets(run: WorkflowRun, step_name: str | None = None) -> lis
     return offers.compensation_targets(offers.Situation.of(run, steps, clock.now()), step_name)
 
 
-def _start_compensation(
+def _start_compensation(run: WorkflowRun, *, reason: str, now: datetime) -> list[str]:
+    """The executor's automatic compensation of a run that failed for good: every completed
+    compensable step, handed back to the executor (``_mark_compensation``), audited."""
+    before = _snap(run)
+    names = _mark_compensation(run, _compensation_targets(run), step_name=None, now=now, actor=None)
+    after = {**_snap(run), "order": names}
+    _audit(run, "compensate", actor=None, reason=reason, before=before, after=after, now=now)
+    dispatch.enqueue_run(run.pk)
+    return names
+
+
+def _mark_compensation(
     run: WorkflowRun,
+    targets: list[StepExecution],
     *,
-    actor: AbstractBaseUser | None,
-    reason: str,
+    step_name: str | None,
     now: datetime,
-    step_name: str | None = None,
+    actor: AbstractBaseUser | None,
 ) -> list[str]:
     """Mark what will be compensated and hand the run to the executor, which undoes each
-    marked step in reverse order. Steps that never ran are skipped (whole-run only)."""
-    targets = _compensation_targets(run, step_name)
-    if actor is not None and (refused := offers.who_refusal(workflow_of(run), targets, actor)):
-        raise refused
-    before = _snap(run)
+    marked step in reverse order (the order, returned). Steps that never ran are skipped
+    (whole-run only)."""
     _check(RUN_TRANSITIONS, "compensate", run.state, "run")
     if step_name is None:
         for step in StepExecution.objects.select_for_update().filter(run=run, state=StepState.PENDING):
@@ -73,20 +79,10 @@ def _start_compensation(
     _release_into(run, RunState.COMPENSATING, reason=f"compensating {', '.join(names)}")
     run.lease_generation += 1  # fence out any executor still holding a lease
     _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-    _audit(
-        run,
-        "compensate",
-        actor=actor,
-        step_name=step_name or "",
-        reason=reason,
-        before=before,
-        after={**_snap(run), "order": names},
-        now=now,
-    )
-    dispatch.enqueue_run(run.pk)
     return names
 
 
+@performs("compensate", offered=offers.compensable)
 def run_compensate(
     *,
     workflow_id: str,
@@ -98,17 +94,28 @@ def run_compensate(
     approval: ApprovalRequest | None = None,
 ) -> WorkflowRun:
     """Undo completed effects with their business compensations, in reverse order: one step,
-    or every completed compensable step of the run. Refused while an outcome is unknown or
-    an executor holds the run. Also retries a compensation that failed."""
-    reason = require_reason(reason)
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run_by_id(workflow_id, expect)
-        _four_eyes(run, "compensate", step_name or "", approval)
-        offers.require("compensate", run, now, step_name=step_name, actor=actor)
-        _abandon_running_steps(run, now, actor)  # then compensation waits for their reconciliation
-        _start_compensation(run, actor=actor, reason=reason, now=now, step_name=step_name)
-        return run
+    or every completed compensable step of the run (the offer checked who may trigger each).
+    Refused while an outcome is unknown or an executor holds the run. Also retries a
+    compensation that failed."""
+    with acting(
+        "compensate",
+        workflow_id=workflow_id,
+        step_name=step_name,
+        actor=actor,
+        reason=reason,
+        expect=expect,
+        now=now,
+        approval=approval,
+    ) as act:
+        act.abandon_running()  # then compensation waits for their reconciliation
+        act.before = _snap(act.run)
+        targets = offers.compensation_targets(act.situation, step_name)
+        act.after = {
+            **_snap(act.run),
+            "order": _mark_compensation(act.run, targets, step_name=step_name, now=act.now, actor=actor),
+        }
+        act.wake = True
+        return act.run
 
 
 def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = None) -> StepExecution:
@@ -124,7 +131,7 @@ def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = N
         change.save_step(step, ["compensation_attempts", "next_attempt_at", "compensation_sent_at"])
         change.extra = {"compensation_attempts": step.compensation_attempts}
 
-    return _step_transition(lease, step_name, "compensation_begin", now, body)
+    return _step_transition(lease, step_name, AuditAction.COMPENSATION_BEGIN, now, body)
 
 
 def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now: datetime | None = None) -> None:
@@ -142,7 +149,7 @@ def compensation_succeed(*, lease: Lease, step_name: str, outcome: Outcome, now:
             change.save_run(["incident"])
             change.extra["incident"] = incident
 
-    _step_transition(lease, step_name, "compensation_succeed", now, body)
+    _step_transition(lease, step_name, AuditAction.COMPENSATION_SUCCEED, now, body)
 
 
 def compensation_fail(
@@ -159,7 +166,7 @@ def compensation_fail(
         message = redact_text(error.message)
         _retry_or_stop(change, spec, error, message=message, why=f"{step_name}: compensation failed: {message}")
 
-    _step_transition(lease, step_name, "compensation_fail", now, body)
+    _step_transition(lease, step_name, AuditAction.COMPENSATION_FAIL, now, body)
 
 
 def compensation_unconfirmed(
@@ -196,7 +203,7 @@ def compensation_unconfirmed(
         _retry_or_stop(change, spec, failed, message=message, why=f"{step_name}: compensation {message}")
         change.extra = {"compensation_attempts": change.step.compensation_attempts, "remote_ref": remote_ref}
 
-    _step_transition(lease, step_name, "compensation_fail", now, body)
+    _step_transition(lease, step_name, AuditAction.COMPENSATION_FAIL, now, body)
 
 
 def _compensation_refuse(
@@ -223,7 +230,7 @@ def _compensation_refuse(
         change.reason = message[:1000]
         change.extra = {"remote_ref": remote_ref}
 
-    _step_transition(lease, step_name, "compensation_refused", now, body)
+    _step_transition(lease, step_name, AuditAction.COMPENSATION_REFUSED, now, body)
 
 
 def _retry_or_stop(change, spec: StepSpec, error: StepError, *, message: str, why: str) -> None:
@@ -254,7 +261,7 @@ def _retry_or_stop(change, spec: StepSpec, error: StepError, *, message: str, wh
             retry = f"compensation outcome unknown; trying again {window}"
         _check(RUN_TRANSITIONS, "compensation_wait", run.state, "run")
         _release_into(run, RunState.COMPENSATING, wake_at=step.next_attempt_at, reason=f"{step_name}: {retry}")
-        change.action = "compensation_retry"
+        change.action = AuditAction.COMPENSATION_RETRY
     else:
         step.state = _check(STEP_TRANSITIONS, "compensation_fail", step.state, "step")
         step.next_attempt_at = None
@@ -295,4 +302,4 @@ def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunSt
         change.reason = why
         return target
 
-    return _run_transition(lease, "compensation_done", now, body)
+    return _run_transition(lease, AuditAction.COMPENSATION_DONE, now, body)

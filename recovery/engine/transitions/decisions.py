@@ -8,35 +8,29 @@ from typing import Any
 
 import pydantic
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
 from django.db.models import Max
 
-from recovery import clock
-from recovery.engine import dispatch
 from recovery.errors import InvalidTransition
-from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
+from recovery.models import DecisionState, ModelDecision, RunState, StepState, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.states import AuditAction
 from recovery.validation import one_line, problem_text, problems_of
 from recovery.workflow import StepSpec, workflow_of
 
 from . import offers
 from ._core import (
-    RUN_LEASE_FIELDS,
-    _actor_fields,
-    _audit,
     _check,
-    _locked_run_by_id,
     _redacted,
-    _release_into,
-    _save_run,
     _save_step,
-    _snap,
-    require_reason,
 )
+from .acting import acting
 from .operator import BUDGET_FIELDS, _clear_refusal, _fresh_budget
+from .performers import performs
 from .tables import STEP_TRANSITIONS
 
 
+@performs("supersede", offered=offers.decision_replaceable)
+@performs("decide_again", offered=offers.decision_replaceable)
 def decision_supersede(
     *,
     workflow_id: str,
@@ -54,15 +48,21 @@ def decision_supersede(
     then carry a different payload. A later step's refusal and overrides are cleared (they were
     about the old decision).
 
-    On a model step whose output never validated (no accepted decision; offers._decision), the
+    On a model step whose output never validated (no accepted decision; offers.decision_replaceable), the
     same two: a decision written by a person — validated the same way, recorded as the next
     version after the invalid outputs with no proposal, and the step succeeds with it — or the
     model asked again with a fresh budget."""
-    reason = require_reason(reason)
-    now = now or clock.now()
-    with transaction.atomic():
-        run = _locked_run_by_id(workflow_id, expect)
-        offers.require("supersede" if decision is not None else "decide_again", run, now, step_name=step_name)
+    with acting(
+        "supersede" if decision is not None else "decide_again",
+        workflow_id=workflow_id,
+        step_name=step_name,
+        actor=actor,
+        reason=reason,
+        expect=expect,
+        now=now,
+        audit_as=AuditAction.DECISION_SUPERSEDE,
+    ) as act:
+        run, now, reason = act.run, act.now, act.reason
         old = (
             ModelDecision.objects.select_for_update()
             .filter(run=run, step_name=step_name, state=DecisionState.ACCEPTED)
@@ -70,15 +70,15 @@ def decision_supersede(
         )
         spec = workflow_of(run).get_step(step_name)
         accepted = None if decision is None else _redacted(run, _validated(spec, decision))
-        step = StepExecution.objects.select_for_update().get(run=run, step_name=step_name)
+        step = act.step
         if old is None and step.state == StepState.SUCCEEDED:
             raise InvalidTransition(f"step {step_name} has no accepted decision")
-        later = list(StepExecution.objects.select_for_update().filter(run=run, position__gt=step.position))
-        if old is None:  # its output never validated (offers._decision): nothing to supersede
-            before = {**_snap(run, step), "decision_version": None, "decision": None}
+        later = [other for other in act.situation.steps if other.position > step.position]
+        if old is None:  # its output never validated (offers.decision_replaceable): nothing to supersede
+            act.before.update(decision_version=None, decision=None)
             latest = _latest_version(run, step_name)
         else:
-            before = {**_snap(run, step), "decision_version": old.version, "decision": old.accepted}
+            act.before.update(decision_version=old.version, decision=old.accepted)
             latest = old.version
             old.state = DecisionState.SUPERSEDED
             old.superseded_reason = redact_text(reason)
@@ -87,7 +87,6 @@ def decision_supersede(
             step.state = StepState.PENDING
             step.remote_ref = ""
             step.result = None
-            after_extra: dict[str, Any] = {}
         else:
             version = latest + 1
             if step.state != StepState.SUCCEEDED:  # written by hand in place of output that never validated
@@ -104,7 +103,7 @@ def decision_supersede(
             )
             step.remote_ref = f"decision v{version}"
             step.result = accepted
-            after_extra = {"decision_version": version, "decision": accepted, "set_by": _actor_fields(actor)["actor"]}
+            act.extra.update(decision_version=version, decision=accepted, set_by=act.who)
         _fresh_budget(step)
         _save_step(step, ["state", "remote_ref", "result", *BUDGET_FIELDS], now, actor)
         workflow = workflow_of(run)
@@ -116,7 +115,7 @@ def decision_supersede(
                 other.overrides = []
                 fields += ["refusal", "overrides", "last_error_kind", "last_error"]
             if other.state != StepState.PENDING and workflow.get_step(other.step_name).reads:
-                # a read made from the old decision (offers._decision allows only reads here): again
+                # a read made from the old decision (offers.decision_replaceable allows only reads here): again
                 other.state = _check(STEP_TRANSITIONS, "read_again", other.state, "step")
                 other.result, other.remote_ref = None, ""
                 _fresh_budget(other)
@@ -124,20 +123,9 @@ def decision_supersede(
                 again.append(other.step_name)
             if fields:
                 _save_step(other, fields, now, actor)
-        reopened = f"decision superseded by {_actor_fields(actor)['actor']}"
-        _release_into(run, RunState.PENDING, reason=f"{step_name}: {reopened}")
-        _save_run(run, RUN_LEASE_FIELDS + ["status_reason"], now, actor)
-        _audit(
-            run,
-            "decision_supersede",
-            actor=actor,
-            step_name=step_name,
-            reason=reason,
-            before=before,
-            after={**_snap(run, step), **after_extra, **({"read_again": again} if again else {})},
-            now=now,
-        )
-        dispatch.enqueue_run(run.pk)
+        act.release(RunState.PENDING, f"{step_name}: decision superseded by {act.who}")
+        if again:
+            act.extra["read_again"] = again
         return run
 
 

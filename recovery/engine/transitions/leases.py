@@ -15,6 +15,7 @@ from django.db.models import Q
 from recovery import clock, registry
 from recovery.engine import metrics, storage
 from recovery.models import IN_PROGRESS_RUN_STATES, OutboxMessage, RunState, StepExecution, SweeperBeat, WorkflowRun
+from recovery.states import AuditAction
 
 from ._core import (
     RUN_LEASE_FIELDS,
@@ -142,7 +143,7 @@ def _claim_in_one_statement(owner: str, now: datetime, run_pk: int | None) -> Le
     if claimed is None:
         return None
     run, steps, taken_over, due_at = claimed
-    _observed(run, "lease_takeover" if taken_over else "claim", "", {"run": run.state}, EXECUTOR)
+    _observed(run, AuditAction.LEASE_TAKEOVER if taken_over else AuditAction.CLAIM, "", {"run": run.state}, EXECUTOR)
     metrics.claimed(run.workflow_name, due_at=due_at, now=now)
     return _lease(run, steps, taken_over=taken_over)
 
@@ -240,7 +241,7 @@ def _claim(run: WorkflowRun | None, owner: str, now: datetime) -> Lease | None:
     before = _snap(run)
     takeover = run.lease_owner != ""
     due_at = run.next_wake_at or run.lease_expires_at or run.updated_at  # as storage.claim reads it
-    action = "lease_takeover" if takeover else "claim"
+    action = AuditAction.LEASE_TAKEOVER if takeover else AuditAction.CLAIM
     if takeover:
         before["lease_owner"] = run.lease_owner
     _take_lease(run, owner, now)

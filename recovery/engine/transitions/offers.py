@@ -20,6 +20,7 @@ from recovery.models import AGENT_STOPPED, Alert, AlertState, RunState, StepExec
 from recovery.workflow import Workflow, journal_rows, parse_journal_name, workflow_of
 
 from ._core import _live_lease
+from .performers import performer
 from .tables import RUN_TRANSITIONS, TERMINAL_RUN_STATES
 
 # A step in one of these has (had) its effect undone: the run cannot go forward past it.
@@ -100,8 +101,7 @@ def why_not(
             f"{situation.run.workflow_name} v{situation.run.workflow_version} is not deployed: its steps cannot be "
             "acted on (deploy it again, or move the run to a version this deployment has)"
         )
-    rule = _RULES[action] if action in _RULES else _RULES[spec.transition]
-    message = rule(situation, step_name, actor)
+    message = performer(action).offered(situation, step_name, actor)
     if isinstance(message, InvalidTransition):
         return message
     return InvalidTransition(message) if message else None
@@ -134,7 +134,7 @@ def _running(s: Situation) -> str:
     return f"run {s.run.workflow_id} is running under {s.run.lease_owner}; wait for it" if s.live else ""
 
 
-def _resume(s: Situation, step_name: str | None, actor) -> str:
+def resumable(s: Situation, step_name: str | None, actor) -> str:
     run = s.run
     if run.state in TERMINAL_RUN_STATES:
         return f"run {run.workflow_id} is {run.state}: a finished run cannot be resumed"
@@ -143,7 +143,7 @@ def _resume(s: Situation, step_name: str | None, actor) -> str:
     return _forward_blocked(s)
 
 
-def _step_action(action: str, allowed: frozenset[str]) -> Callable[[Situation, str | None, object], str]:
+def step_in(action: str, allowed: frozenset[str]) -> Callable[[Situation, str | None, object], str]:
     def rule(s: Situation, step_name: str | None, actor) -> str:
         run, step = s.run, s.step(step_name)
         if run.state in TERMINAL_RUN_STATES:
@@ -158,7 +158,7 @@ def _step_action(action: str, allowed: frozenset[str]) -> Callable[[Situation, s
     return rule
 
 
-def _resolve(happened: bool):
+def resolvable(happened: bool):
     def rule(s: Situation, step_name: str | None, actor) -> str | InvalidTransition:
         run, step = s.run, s.step(step_name)
         stays_terminated = run.state == RunState.TERMINATED
@@ -207,13 +207,13 @@ def in_flight_until(s: Situation, step: StepExecution) -> datetime | None:
     return s.workflow.get_step(step.step_name).in_flight_until(step.last_attempt_at)
 
 
-def _terminate(s: Situation, step_name: str | None, actor) -> str:
+def terminable(s: Situation, step_name: str | None, actor) -> str:
     if s.run.state not in RUN_TRANSITIONS["terminate"][0]:
         return f"cannot terminate a run that is {s.run.state}"
     return ""
 
 
-def _compensate(s: Situation, step_name: str | None, actor) -> str | InvalidTransition:
+def compensable(s: Situation, step_name: str | None, actor) -> str | InvalidTransition:
     if blocked := _running(s):
         return blocked
     if s.run.state not in RUN_TRANSITIONS["compensate"][0]:
@@ -274,7 +274,7 @@ def who_refusal(workflow: Workflow, targets: list[StepExecution], actor: Abstrac
     )
 
 
-def _decision(s: Situation, step_name: str | None, actor) -> str:
+def decision_replaceable(s: Situation, step_name: str | None, actor) -> str:
     run, step = s.run, s.step(step_name)
     if run.state in TERMINAL_RUN_STATES or s.live:
         return f"run {run.workflow_id} is {run.state}; a decision can only be replaced on a stopped run"
@@ -310,7 +310,7 @@ def never_validated(step: StepExecution) -> bool:
     return held and step.last_error_kind == ErrorKind.INVALID_MODEL_OUTPUT
 
 
-def _override(s: Situation, step_name: str | None, actor) -> str:
+def overridable(s: Situation, step_name: str | None, actor) -> str:
     if blocked := _running(s):
         return blocked
     refusal = s.step(step_name).refusal
@@ -321,7 +321,7 @@ def _override(s: Situation, step_name: str | None, actor) -> str:
     return ""
 
 
-def _stop_agent(s: Situation, step_name: str | None, actor) -> str:
+def agent_stoppable(s: Situation, step_name: str | None, actor) -> str:
     run, step = s.run, s.step(step_name)
     if not s.workflow.get_step(step_name).is_agent:
         return f"{step_name} is not an agent step"
@@ -338,7 +338,7 @@ def _stopped(step: StepExecution) -> bool:
     return bool(step.refusal) and step.refusal.get("rule") == AGENT_STOPPED
 
 
-def _fork_agent(s: Situation, step_name: str | None, actor) -> str:
+def agent_forkable(s: Situation, step_name: str | None, actor) -> str:
     """Fork an agent from one of its turns (that turn's row)."""
     run, step = s.run, s.step(step_name)
     if run.state in TERMINAL_RUN_STATES:
@@ -363,7 +363,7 @@ def _fork_agent(s: Situation, step_name: str | None, actor) -> str:
     return ""
 
 
-def _move_version(s: Situation, step_name: str | None, actor) -> str:
+def movable(s: Situation, step_name: str | None, actor) -> str:
     """The state allows a move, nobody holds the run, and another version is deployed; whether
     that version can continue the run is the transition's judgement (versions.move_plan)."""
     run = s.run
@@ -379,29 +379,12 @@ def _move_version(s: Situation, step_name: str | None, actor) -> str:
     return ""
 
 
-def _snooze(s: Situation, step_name: str | None, actor) -> str:
+def snoozable(s: Situation, step_name: str | None, actor) -> str:
     if s.firing_alert is None:
         s.firing_alert = Alert.objects.filter(run=s.run, state=AlertState.FIRING).exists()
     if not s.firing_alert:
         return f"run {s.run.workflow_id} has no alert firing"
     return ""
-
-
-_RULES: dict[str, Callable[[Situation, str | None, object], str | InvalidTransition]] = {
-    "run_resume": _resume,
-    "step_retry": _step_action("retry", frozenset({StepState.FAILED, StepState.UNKNOWN})),
-    "step_reconcile": _step_action("reconcile", frozenset({StepState.UNKNOWN})),
-    "resolve_happened": _resolve(True),
-    "resolve_absent": _resolve(False),
-    "run_terminate": _terminate,
-    "run_compensate": _compensate,
-    "decision_supersede": _decision,
-    "step_override": _override,
-    "alert_snooze": _snooze,
-    "agent_stop": _stop_agent,
-    "agent_fork": _fork_agent,
-    "run_move_version": _move_version,
-}
 
 
 def offered(situation: Situation, actor: AbstractBaseUser) -> list[tuple[str, str | None]]:

@@ -15,6 +15,7 @@ from recovery.engine import dispatch
 from recovery.errors import ErrorKind, LeaseLost, StepError, TransientError
 from recovery.models import OutboxMessage, OutboxState, RunState, StepExecution, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.states import AuditAction
 from recovery.workflow import Outcome, StepSpec
 
 from ._core import (
@@ -72,7 +73,7 @@ def step_enqueue(
             fields = _record_attempt(step, payload, request_hash, now)
             change.save_step(step, ["state", "remote_ref", "result", *fields])
 
-        _decide(draft, "step_enqueue", now, body, step_name=step_name)
+        _decide(draft, AuditAction.STEP_ENQUEUE, now, body, step_name=step_name)
         lease.commit(draft.checkpoints)
         dispatch.enqueue_message(message.pk)
         return message
@@ -195,7 +196,7 @@ def outbox_delivered(*, claim: OutboxClaim, outcome: Outcome, how: str, now: dat
         _save_run(run, [], now)  # a step changed: an executor holding the run reads it again
         _audit(
             run,
-            "outbox_delivered",
+            AuditAction.OUTBOX_DELIVERED,
             actor=None,
             step_name=message.step_name,
             reason=how,
@@ -230,10 +231,10 @@ def outbox_failed_attempt(*, claim: OutboxClaim, error: StepError, spec: StepSpe
         if delay is None:
             message.state = OutboxState.FAILED
             message.next_attempt_at = None
-            action = "outbox_fail"
+            action = AuditAction.OUTBOX_FAIL
         else:
             message.next_attempt_at = now + timedelta(seconds=delay)
-            action = "outbox_retry"
+            action = AuditAction.OUTBOX_RETRY
         message.updated_at = now
         message.save(
             update_fields=[
@@ -287,7 +288,7 @@ def outbox_await_settle(
             _save_run(run, ["status_reason", "next_wake_at"], now)
         _audit(
             run,
-            "outbox_settle_wait",
+            AuditAction.OUTBOX_SETTLE_WAIT,
             actor=None,
             step_name=message.step_name,
             reason=message.last_error,
@@ -325,7 +326,7 @@ def outbox_unresolved(*, claim: OutboxClaim, reason: str, now: datetime | None =
         )
         _audit(
             run,
-            "outbox_fail",
+            AuditAction.OUTBOX_FAIL,
             actor=None,
             step_name=message.step_name,
             reason=reason,
@@ -367,7 +368,7 @@ def outbox_cancel(*, lease: Lease, step_name: str, now: datetime | None = None) 
             _save_run(run, ["lease_expires_at"], now)
             _audit(
                 run,
-                "outbox_cancel",
+                AuditAction.OUTBOX_CANCEL,
                 actor=None,
                 step_name=step_name,
                 before=before,

@@ -1,5 +1,6 @@
 """An operator action by its name (recovery.actions): the one entry point the console, bulk,
-``manage.py recover`` and an approved four-eyes request go through."""
+``manage.py recover`` and an approved four-eyes request go through, to the transition that
+performs it (``@performs``, recovery.engine.transitions.performers)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from recovery.errors import InvalidTransition
 from recovery.models import ApprovalRequest, WorkflowRun
 from recovery.permissions import role_of
 
-from . import agents, alerts, compensation, decisions, offers, operator, versions
+from . import offers
+from .performers import performer
 
 
 def perform(
@@ -46,13 +48,9 @@ def perform(
         raise refused
     if spec.step == StepArg.REQUIRED and not step_name:
         raise InvalidTransition(f"{action} needs a step")
-    transition = next(
-        getattr(m, spec.transition)
-        for m in (operator, decisions, compensation, alerts, agents, versions)
-        if hasattr(m, spec.transition)
-    )
+    performed_by = performer(action)
     arguments = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
-    arguments.update(spec.options)
+    arguments.update(performed_by.options)
     if spec.step != StepArg.NONE:
         arguments["step_name"] = step_name or None
     if spec.evidence:
@@ -73,6 +71,6 @@ def perform(
         raise InvalidTransition(f"{action} takes no version")
     if approval is not None:
         arguments["approval"] = approval
-    run = transition(**arguments)
+    run = performed_by.transition(**arguments)
     metrics.operator_action(action, role_of(actor).name.lower() if actor is not None else "system")
     return run

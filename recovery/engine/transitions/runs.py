@@ -21,6 +21,7 @@ from recovery import clock, tracing
 from recovery.engine import dispatch, metrics, storage
 from recovery.errors import ErrorKind, StartConflict
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
+from recovery.states import AuditAction
 from recovery.workflow import StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
 
 from ._core import (
@@ -357,7 +358,7 @@ def run_start_many(
         with transaction.atomic():
             WorkflowRun.objects.bulk_create(new)
             StepExecution.objects.bulk_create([step for run in new for step in _new_steps(wf, run, now)])
-            _audit_many(new, "start", actor=actor, now=now)
+            _audit_many(new, AuditAction.START, actor=actor, now=now)
             dispatch.enqueue_runs([run.pk for run in new])
     except IntegrityError:  # started elsewhere meanwhile: each event decides alone, as run_start does
         return [_one_at_a_time(wf, data, index, actor, now) for index, data in enumerate(events)]
@@ -409,7 +410,7 @@ def run_wait(*, lease: Lease, wake_at: datetime, reason: str, now: datetime | No
         change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = reason
 
-    _run_transition(lease, "wait", now, body)
+    _run_transition(lease, AuditAction.WAIT, now, body)
 
 
 def run_release(*, lease: Lease, reason: str, now: datetime | None = None) -> None:
@@ -421,7 +422,7 @@ def run_release(*, lease: Lease, reason: str, now: datetime | None = None) -> No
         change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = reason
 
-    _run_transition(lease, "release", now, body)
+    _run_transition(lease, AuditAction.RELEASE, now, body)
 
 
 def run_complete(*, lease: Lease, now: datetime | None = None) -> None:
@@ -431,7 +432,7 @@ def run_complete(*, lease: Lease, now: datetime | None = None) -> None:
         change.run.current_step = ""
         change.save_run(RUN_LEASE_FIELDS + ["status_reason", "current_step"])
 
-    _run_transition(lease, "complete", now, body)
+    _run_transition(lease, AuditAction.COMPLETE, now, body)
 
 
 def run_review(*, lease: Lease, reason: str, step_name: str = "", now: datetime | None = None) -> None:
@@ -454,4 +455,4 @@ def run_review(*, lease: Lease, reason: str, step_name: str = "", now: datetime 
         if abandoned:
             change.extra = {"steps_now_unknown": abandoned}
 
-    _run_transition(lease, "review", now, body, step_name=step_name)
+    _run_transition(lease, AuditAction.REVIEW, now, body, step_name=step_name)

@@ -13,6 +13,7 @@ from recovery import clock
 from recovery.errors import ErrorKind, StepError
 from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState
 from recovery.redaction import redact_text
+from recovery.states import AuditAction
 from recovery.workflow import Outcome, Reconcile, StepSpec, workflow_of
 
 from ._core import (
@@ -71,7 +72,7 @@ def step_begin(
         step.state = _check(STEP_TRANSITIONS, "begin", step.state, "step")
         change.save_step(step, ["state", *_record_attempt(step, intent, request_hash, change.now)])
 
-    return _step_transition(lease, step_name, "step_begin", now, body, draft=draft)
+    return _step_transition(lease, step_name, AuditAction.STEP_BEGIN, now, body, draft=draft)
 
 
 def step_succeed(
@@ -201,13 +202,13 @@ def step_fail(
 
     now = now or clock.now()
     if not auto_compensate:
-        return _step_transition(lease, step_name, "step_fail", now, body)
+        return _step_transition(lease, step_name, AuditAction.STEP_FAIL, now, body)
     with lease.atomic():  # the failure and an automatic compensation commit together
-        step = _step_transition(lease, step_name, "step_fail", now, body)
+        step = _step_transition(lease, step_name, AuditAction.STEP_FAIL, now, body)
         run = step.run
         if run.state == RunState.FAILED and _compensation_targets(run):
             # The checkpoint's UPDATE holds the run's row lock until this transaction ends.
-            _start_compensation(run, actor=None, reason=f"automatic: {step_name} failed permanently", now=now)
+            _start_compensation(run, reason=f"automatic: {step_name} failed permanently", now=now)
             lease.seen.clear()  # it marked other steps and fenced this lease off: the copy is out of date
         return step
 
@@ -257,7 +258,7 @@ def step_refuse(
         change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = cause[:1000]
 
-    return _step_transition(lease, step_name, "policy_refused", now, body, draft=draft)
+    return _step_transition(lease, step_name, AuditAction.POLICY_REFUSED, now, body, draft=draft)
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:
@@ -302,7 +303,7 @@ def step_defer_check(
         change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = message[:1000]
 
-    return _step_transition(lease, step_name, "check_deferred", now, body, draft=draft)
+    return _step_transition(lease, step_name, AuditAction.CHECK_DEFERRED, now, body, draft=draft)
 
 
 def step_mark_unknown(
@@ -324,7 +325,7 @@ def step_mark_unknown(
             change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = _error_text(error, 1000)
 
-    return _step_transition(lease, step_name, "step_unknown", now, body)
+    return _step_transition(lease, step_name, AuditAction.STEP_UNKNOWN, now, body)
 
 
 def step_reset(*, lease: Lease, step_name: str, reason: str, now: datetime | None = None) -> StepExecution:
@@ -337,7 +338,7 @@ def step_reset(*, lease: Lease, step_name: str, reason: str, now: datetime | Non
         change.save_step(step, ["state", "next_attempt_at"])
         change.reason = reason
 
-    return _step_transition(lease, step_name, "reconciled_absent", now, body)
+    return _step_transition(lease, step_name, AuditAction.RECONCILED_ABSENT, now, body)
 
 
 def step_defer_reconcile(
@@ -367,7 +368,7 @@ def step_defer_reconcile(
         change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = _error_text(error, 1000)
 
-    return _step_transition(lease, step_name, "reconcile_deferred", now, body)
+    return _step_transition(lease, step_name, AuditAction.RECONCILE_DEFERRED, now, body)
 
 
 def step_await_settle(
@@ -389,4 +390,4 @@ def step_await_settle(
         change.reason = f"look-up found nothing yet; the receiver may commit the request until {until.isoformat()}"
         change.extra = {"in_flight_until": until.isoformat()}
 
-    return _step_transition(lease, step_name, "reconcile_wait", now, body)
+    return _step_transition(lease, step_name, AuditAction.RECONCILE_WAIT, now, body)

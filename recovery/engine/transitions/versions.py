@@ -18,10 +18,8 @@ from typing import Any
 
 import pydantic
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
 
-from recovery import clock, registry
-from recovery.engine import dispatch
+from recovery import registry
 from recovery.errors import InvalidTransition
 from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
@@ -36,19 +34,13 @@ from recovery.workflow import (
 
 from . import offers
 from ._core import (
-    RUN_LEASE_FIELDS,
-    _abandon_running_steps,
-    _audit,
     _check,
-    _locked_run_by_id,
     _redacted,
-    _release_into,
-    _save_run,
     _save_step,
     _snap,
-    require_reason,
 )
-from .operator import _four_eyes
+from .acting import acting
+from .performers import performs
 from .runs import new_step
 from .tables import DONE_STEP_STATES, RUN_TRANSITIONS
 
@@ -281,6 +273,7 @@ def accepted_by_run(run_pks: list[int]) -> dict[int, dict[str, ModelDecision]]:
     return found
 
 
+@performs("move_version", offered=offers.movable)
 def run_move_version(
     *,
     workflow_id: str,
@@ -298,43 +291,29 @@ def run_move_version(
     begun. A finished step whose key version the target changes keeps its effect (and its old
     key) only with ``effects_stand``: the operator says the effect made under the old key stands.
     A run that would go on by itself is due at once; one in review or failed stays so (resume it)."""
-    reason = require_reason(reason)
-    now = now or clock.now()
-    if version is None:
-        raise InvalidTransition("move_version needs the version to move the run to")
-    with transaction.atomic():
-        run = _locked_run_by_id(workflow_id, expect)
-        _four_eyes(run, "move_version", "", approval)
-        offers.require("move_version", run, now, actor=actor)
-        try:
-            target = registry.get_workflow(run.workflow_name, version)
-        except LookupError as exc:
-            raise InvalidTransition(str(exc)) from None
-        abandoned = _abandon_running_steps(run, now, actor)  # an expired executor's call: unknown
-        rows = list(StepExecution.objects.select_for_update().filter(run=run))
-        plan = move_plan(run, rows, target, accepted_decisions(run))
-        if not plan.ok:
-            raise InvalidTransition(plan.refusal)
-        if plan.effects and not effects_stand:
-            made = "; ".join(f"{e['step']}: {e['remote_ref'] or 'no remote reference'}" for e in plan.effects)
-            raise InvalidTransition(
-                f"v{plan.target} gives {', '.join(e['step'] for e in plan.effects)} a new key version, and the "
-                f"run made its effect under the old key ({made}): say whether that effect stands (effects stand), "
-                "or compensate it first"
-            )
-        before = {**_snap(run), "version": run.workflow_version}
+    with acting(
+        "move_version", workflow_id=workflow_id, actor=actor, reason=reason, expect=expect, now=now, approval=approval
+    ) as act:
+        run, now = act.run, act.now
+        abandoned = act.abandon_running()  # an expired executor's call: unknown
+        act.before = {**_snap(run), "version": run.workflow_version}
+        target, plan = planned_move(run, act.situation.steps, version, effects_stand)
+        rows = act.situation.steps
         _apply(run, rows, target, plan, now, actor)
-        _migrate_decisions(run, rows, target, plan, reason, now, actor)
+        _migrate_decisions(run, rows, target, plan, act.reason, now, actor)
         run.workflow_version = target.version
-        fields = ["workflow_version"]
         if run.state not in (RunState.NEEDS_REVIEW, RunState.FAILED):  # those wait for an operator's resume
             _check(RUN_TRANSITIONS, "move_version", run.state, "run")
-            _release_into(run, RunState.PENDING, reason=f"moved from v{plan.source} to v{plan.target}")
-            run.lease_generation += 1  # fence out the executor whose lease expired, should it wake
-            fields += [*RUN_LEASE_FIELDS, "status_reason"]
-            dispatch.enqueue_run(run.pk)
-        _save_run(run, fields, now, actor)
-        after: dict[str, Any] = {**_snap(run), "version": target.version}
+            # fence out the executor whose lease expired, should it wake
+            act.release(
+                RunState.PENDING,
+                f"moved from v{plan.source} to v{plan.target}",
+                fence=True,
+                fields=("workflow_version",),
+            )
+        else:
+            act.save_run(["workflow_version"])
+        act.after = {**_snap(run), "version": target.version}
         for key, value in (
             ("steps_added", plan.added),
             ("steps_removed", plan.removed),
@@ -344,9 +323,32 @@ def run_move_version(
             ("steps_now_unknown", abandoned),
         ):
             if value:
-                after[key] = value
-        _audit(run, "move_version", actor=actor, reason=reason, before=before, after=after, now=now)
+                act.after[key] = value
         return run
+
+
+def planned_move(
+    run: WorkflowRun, rows: list[StepExecution], version: int | None, effects_stand: bool
+) -> tuple[Workflow, MovePlan]:
+    """The version the run moves to and how (``move_plan``), or the InvalidTransition that
+    refuses the move: the transition's judgement, and a four-eyes request's before it waits."""
+    if version is None:
+        raise InvalidTransition("move_version needs the version to move the run to")
+    try:
+        target = registry.get_workflow(run.workflow_name, version)
+    except LookupError as exc:
+        raise InvalidTransition(str(exc)) from None
+    plan = move_plan(run, rows, target, accepted_decisions(run))
+    if not plan.ok:
+        raise InvalidTransition(plan.refusal)
+    if plan.effects and not effects_stand:
+        made = "; ".join(f"{e['step']}: {e['remote_ref'] or 'no remote reference'}" for e in plan.effects)
+        raise InvalidTransition(
+            f"v{plan.target} gives {', '.join(e['step'] for e in plan.effects)} a new key version, and the "
+            f"run made its effect under the old key ({made}): say whether that effect stands (effects stand), "
+            "or compensate it first"
+        )
+    return target, plan
 
 
 def _apply(
