@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from celery import current_app
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
@@ -76,8 +77,6 @@ def _sweeper(now: datetime) -> dict[str, Any]:
 
 
 def _broker() -> dict[str, Any]:
-    from celery import current_app
-
     try:
         with current_app.connection_for_write(settings.CELERY_BROKER_URL) as connection:
             connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=BROKER_TIMEOUT)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol
 
+from django.conf import settings
+
 from recovery.errors import PermanentError
 from workflows.integrations.openai import OpenAIClient
 
@@ -156,8 +158,6 @@ def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 def get_agent_provider() -> AgentProvider:
     """The agent ``settings.MODEL_PROVIDER`` configures: the rules offline (``rules``,
     ``scripted``: the script answers invoices only), the OpenAI-compatible client (``openai``)."""
-    from django.conf import settings
-
     kind = getattr(settings, "MODEL_PROVIDER", "rules")
     if kind in ("rules", "scripted"):
         return RulesAgent()

@@ -16,6 +16,7 @@ reference) so that an unknown outcome can be reconciled instead of retried blind
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import quote
 
@@ -290,8 +291,6 @@ def post_entry(
 
 
 def _same_amount(a: Any, b: Any) -> bool:
-    from decimal import Decimal, InvalidOperation
-
     try:
         return Decimal(str(a)) == Decimal(str(b))
     except InvalidOperation:

@@ -28,6 +28,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Self
 
 import httpx
+from django.conf import settings
 
 from recovery.errors import (
     InvalidModelOutput,
@@ -200,8 +201,6 @@ class OpenAIClient:
     def from_settings(cls) -> Self:
         """The client ``OPENAI_BASE_URL``, ``OPENAI_API_KEY``, ``OPENAI_MODEL`` and
         ``OPENAI_TIMEOUT`` configure (read at call time)."""
-        from django.conf import settings
-
         return cls(
             base_url=getattr(settings, "OPENAI_BASE_URL", "") or "https://api.openai.com/v1",
             api_key=getattr(settings, "OPENAI_API_KEY", "") or "",
@@ -260,6 +259,4 @@ class OpenAIClient:
 
 def call_timeout() -> float:
     """Seconds a model call may take with the configured provider (the offline rules: none)."""
-    from django.conf import settings
-
     return float(settings.OPENAI_TIMEOUT) if getattr(settings, "MODEL_PROVIDER", "rules") == "openai" else 0.0

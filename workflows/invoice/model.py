@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import PermanentError
@@ -265,8 +266,6 @@ class OpenAIProvider(OpenAIClient):
 
 def get_provider() -> ModelProvider:
     """The provider configured by ``settings.MODEL_PROVIDER`` ("rules", "scripted" or "openai")."""
-    from django.conf import settings
-
     kind = getattr(settings, "MODEL_PROVIDER", "rules")
     if kind == "rules":
         return RulesProvider()
