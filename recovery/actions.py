@@ -78,6 +78,23 @@ ACTIONS: dict[str, OperatorAction] = {
             button="Resume from checkpoint",
         ),
         OperatorAction(
+            "pause",
+            "pause",
+            "resume",
+            does="no new attempt starts until the run is unpaused: a call in flight finishes and is recorded, "
+            "timers and in-flight windows keep running",
+            sends="nothing",
+            button="Pause",
+        ),
+        OperatorAction(
+            "unpause",
+            "unpause",
+            "resume",
+            does="the run goes on where it stopped: due at once, or when its step's timer runs out",
+            sends="the next step's request when its turn comes, under its own key",
+            button="Unpause",
+        ),
+        OperatorAction(
             "retry",
             "retry",
             "retry",

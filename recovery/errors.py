@@ -113,6 +113,11 @@ class LeaseLost(EngineError):
     """Another executor owns the run now: the fenced write matched no row."""
 
 
+class RunPaused(LeaseLost):
+    """The run reached the pause an operator asked for (recovery.engine.transitions.pauses): the
+    executor recorded what was in flight, gave the run back as paused and stops."""
+
+
 class StartConflict(EngineError):
     """A run with this workflow id exists with a different input."""
 

@@ -52,6 +52,12 @@ class WorkflowRun(models.Model):
     # run continues that trace. Empty (null) when tracing is off.
     traceparent = models.CharField(max_length=55, null=True, blank=True)
     reserved_until = models.DateTimeField(null=True, blank=True)
+    # An operator's pause (recovery.engine.transitions.pauses): who, when, why. Set while the run
+    # is paused, or (held by a live executor) until that executor reaches its next step boundary;
+    # cleared by unpausing. Nullable: SQLite adds the columns in place (see effects_stand).
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_by = models.CharField(max_length=150, null=True, blank=True)
+    pause_reason = models.TextField(null=True, blank=True)
     # Bumped by every transition that saves the run, which every change of one of its steps
     # does too: while it is what an executor last wrote, the executor's copy of the run and
     # its steps is current and it need not read them again.

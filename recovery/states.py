@@ -15,6 +15,7 @@ class RunState(models.TextChoices):
     NEEDS_REVIEW = "needs_review"
     COMPLETED = "completed"
     FAILED = "failed"
+    PAUSED = "paused"  # an operator paused it: no new attempt starts until it is unpaused
     COMPENSATING = "compensating"
     COMPENSATED = "compensated"
     COMPENSATION_FAILED = "compensation_failed"
@@ -76,6 +77,7 @@ class AuditAction(models.TextChoices):
     WAIT = "wait", "waiting to try again"
     REVIEW = "review", "stopped for review"
     COMPLETE = "complete", "run completed"
+    PAUSE_REACHED = "pause_reached", "paused at a step boundary"
     # a step's call
     STEP_BEGIN = "step_begin", "attempt begun"
     STEP_SUCCEED = "step_succeed", "step succeeded"

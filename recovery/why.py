@@ -78,6 +78,13 @@ def why_not_moving(
         return f"compensated: {run.status_reason}" if run.status_reason else "compensated"
     if state == RunState.TERMINATED:
         return f"terminated: {run.status_reason}"
+    if state == RunState.PAUSED:
+        return f"{run.status_reason}; unpause it to go on (nothing new starts meanwhile)"
+    if state == RunState.RUNNING and run.paused_at is not None:
+        return (
+            f"pausing, asked by {run.paused_by} at {_at(run.paused_at)} ({run.pause_reason}): the call in flight "
+            "finishes and is recorded first, then the run stops"
+        )
     if state == RunState.RUNNING and lease_is_live(run, now):
         doing = f", running {run.current_step}" if run.current_step else ""
         return f"held by executor {run.lease_owner} until {_at(run.lease_expires_at)} (lease){doing}"

@@ -30,7 +30,15 @@ from recovery.engine.compensating import compensate_once
 from recovery.engine.local_steps import execute_local
 from recovery.engine.plan import Plan, build_intent, load
 from recovery.engine.transitions import Lease
-from recovery.errors import ErrorKind, InvalidModelOutput, LeaseLost, PermanentError, StepError, UnknownOutcome
+from recovery.errors import (
+    ErrorKind,
+    InvalidModelOutput,
+    LeaseLost,
+    PermanentError,
+    RunPaused,
+    StepError,
+    UnknownOutcome,
+)
 from recovery.models import DecisionState, ModelDecision, OutboxState, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.states import AuditAction
@@ -95,6 +103,8 @@ def _advance_bound(lease: Lease) -> str | None:
                 break
         else:
             transitions.run_release(lease=lease, reason="transition limit per claim reached; due again")
+    except RunPaused as exc:
+        log.info("stopped advancing: %s", exc)
     except LeaseLost as exc:
         log.warning("stopped advancing: %s", exc)
     except failpoints.FailpointRaised:
@@ -124,6 +134,11 @@ def _step_once(lease: Lease, plan: Plan) -> bool:
     step = plan.next_step()
     if step is None:
         return _finish(lease, plan)
+    if transitions.pausing(plan.run) and step.state != StepState.RUNNING:
+        # An operator asked to pause the run while this executor held it: stop here (a step a lost
+        # executor left running is first recorded unknown, as always; it is looked up after).
+        transitions.run_pause_reached(lease=lease)  # RunPaused, unless it was unpaused since
+        return True
     name = step.step_name
     with working_on(f"step {name}", plan.run, step=name, attempt=step.attempts, key=step.idempotency_key):
         made = _step(lease, plan, step)

@@ -94,6 +94,8 @@ def _next_call(lease: Lease, plan: Plan, draft: Draft, done: str) -> Begun | Non
     after = Plan(run=draft.run, workflow=plan.workflow, steps=draft.steps())
     if after.run.state not in transitions.LEASED_RUN_STATES:  # the run completed with it
         return None
+    if transitions.pausing(after.run):  # an operator asked to pause it: nothing new begins
+        return None
     if is_journal_name(done):  # an agent's tool call: its next turn, once the turn's calls are done
         _next_turn(lease, after, draft, parse_journal_name(done).agent)
         return None

@@ -28,7 +28,14 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from recovery.actions import PERMISSION_OF
 from recovery.api import tokens
 from recovery.engine.executor import advance
-from recovery.engine.transitions import alert_raise, approval_request, run_start, run_version, sweeper_beat
+from recovery.engine.transitions import (
+    alert_raise,
+    approval_request,
+    run_pause,
+    run_start,
+    run_version,
+    sweeper_beat,
+)
 from recovery.models import (
     Alert,
     ApiToken,
@@ -119,6 +126,8 @@ def action_row(action: str, *, needs: str = "", step: str | None = None, role: R
         "alert": lambda w: w.failed,
         "agent": lambda w: w.agent,
         "versioned": lambda w: w.versioned,
+        "moving": lambda w: w.moving,
+        "paused": lambda w: w.paused,
     }[needs]
     step = STEP_OF_ACTION.get(action, "") if step is None else step
     return Row(
@@ -187,6 +196,8 @@ MATRIX: list[Row] = [
     action_row("stop_agent", needs="agent"),  # an operator's: a runaway agent is stopped at once
     action_row("fork_agent", needs="agent"),  # a supervisor's: the model is asked again from turn 2
     action_row("move_version", needs="versioned"),  # a supervisor's: a v1 run moved to v2
+    action_row("pause", needs="moving"),  # an operator's: a run due now stops before its next step
+    action_row("unpause", needs="paused"),
     action_row("approve", needs="approval"),  # another supervisor's request to terminate
     action_row("reject", needs="approval"),
     Row(
@@ -456,6 +467,10 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
         w.agent.refresh_from_db()
     if needs == "versioned":  # a run started on the older of two registered versions
         w.versioned = run_start(workflow=get_workflow("test_versioned", 1), data={"tenant": "t", "order_id": "v1"})[0]
+    if needs in ("moving", "paused"):  # a run due now, that moves by itself (paused, if asked)
+        w.moving = run_start(workflow="test_orders", data={"tenant": "t", "order_id": "moving"})[0]
+        if needs == "paused":
+            w.paused = run_pause(workflow_id=w.moving.workflow_id, actor=None, reason="matrix")
     if needs == "refused":  # a guard refused the model's approver before anything was written
         receivers.MODEL_SCRIPT.append(json.dumps({"category": "office", "amount": 120, "approver": "mallory"}))
         w.refused = drive(run_start(workflow="test_policy", data={"tenant": "t", "order_id": "refused"})[0], clock)

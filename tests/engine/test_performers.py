@@ -38,15 +38,15 @@ def test_every_action_of_the_table_has_the_one_transition_that_performs_it():
 
 
 def test_a_row_without_a_body_and_a_body_without_a_row_fail_at_start(monkeypatch):
-    monkeypatch.setitem(ACTIONS, "pause", OperatorAction("pause", "pause", "resume"))
-    with pytest.raises(ImproperlyConfigured, match="no transition performs pause"):
+    monkeypatch.setitem(ACTIONS, "pause_workflow", OperatorAction("pause_workflow", "pause a workflow", "resume"))
+    with pytest.raises(ImproperlyConfigured, match="no transition performs pause_workflow"):
         performers.check_complete()
-    with pytest.raises(ImproperlyConfigured, match="'unpause'.*which recovery.actions lacks"):
-        performers.performs("unpause", offered=offers.resumable)(lambda **arguments: None)
+    with pytest.raises(ImproperlyConfigured, match="'unpause_all'.*which recovery.actions lacks"):
+        performers.performs("unpause_all", offered=offers.resumable)(lambda **arguments: None)
     with pytest.raises(ImproperlyConfigured, match="performed by run_resume already"):
         performers.performs("resume", offered=offers.resumable)(lambda **arguments: None)
-    with pytest.raises(InvalidTransition, match="unknown action 'unpause'"):
-        perform("unpause", workflow_id="w", actor=None, reason="r")
+    with pytest.raises(InvalidTransition, match="unknown action 'unpause_all'"):
+        perform("unpause_all", workflow_id="w", actor=None, reason="r")
 
 
 # --- the worked example of docs/architecture.md: a new action is one row and one body -----

@@ -19,6 +19,8 @@ from ._core import (
     default_owner,
     in_flight_text,
     lease_duration,
+    paused_text,
+    pausing,
     require_reason,
     run_version,
 )
@@ -75,6 +77,7 @@ from .outbox import (
     outbox_unresolved,
     step_enqueue,
 )
+from .pauses import run_pause, run_pause_reached, run_unpause
 from .perform import perform
 from .performers import PERFORMERS, check_complete
 from .runs import (
@@ -117,6 +120,11 @@ from .versions import (
 )
 
 __all__ = [
+    "pausing",
+    "paused_text",
+    "run_pause",
+    "run_pause_reached",
+    "run_unpause",
     "PERFORMERS",
     "MovePlan",
     "accepted_by_run",

@@ -19,13 +19,14 @@ from django.db import transaction
 from recovery import clock, redaction, text
 from recovery.actions import audited
 from recovery.engine import storage
-from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, StepError
+from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, RunPaused, StepError
 from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.states import AuditAction
 from recovery.workflow import get_workflow, workflow_of
 
 from .checkpoints import Checkpoint, Draft, FenceMiss, Lease, _observed
-from .tables import EXECUTOR
+from .tables import EXECUTOR, RUN_TRANSITIONS
 
 
 def default_owner() -> str:
@@ -161,9 +162,7 @@ def transition[T](lease: Lease, decide: Callable[[Draft], T]) -> T:
     written twice. Raises LeaseLost if the lease is gone; nothing is then written."""
     draft = Draft.read(lease)  # LeaseLost if its copy says the lease is gone
     try:
-        decided = decide(draft)
-        lease.commit(draft.checkpoints)
-        return decided
+        return _unless_paused(_written(lease, draft, decide), draft)
     except FenceMiss:
         pass  # nothing written, the copy dropped
     except LeaseLost:
@@ -172,9 +171,82 @@ def transition[T](lease: Lease, decide: Callable[[Draft], T]) -> T:
         lease.seen.clear()
     with transaction.atomic():
         draft = Draft.read(lease, locked=True)
+        decided = _written(lease, draft, decide)
+    return _unless_paused(decided, draft)  # raised once the pause is committed
+
+
+_PAUSED = object()
+
+
+def _written[T](lease: Lease, draft: Draft, decide: Callable[[Draft], T]) -> T:
+    try:
         decided = decide(draft)
-        lease.commit(draft.checkpoints)
-        return decided
+    except PauseReached:  # what was decided before the pause point is written with the pause
+        pause_checkpoint(draft)
+        decided = _PAUSED
+    lease.commit(draft.checkpoints)
+    return decided
+
+
+def _unless_paused[T](decided: T, draft: Draft) -> T:
+    if decided is _PAUSED:
+        raise paused_error(draft)
+    return decided
+
+
+# --- an operator's pause, reached by the executor (recovery.engine.transitions.pauses) -------
+
+# Where a run whose pause was asked for stops: before a new attempt (a call begun, a message queued).
+PAUSE_POINTS = frozenset({AuditAction.STEP_BEGIN, AuditAction.STEP_ENQUEUE})
+
+
+class PauseReached(Exception):
+    """Deciding a pause point (PAUSE_POINTS) on a run whose pause was asked for: nothing of it is
+    decided; ``transition`` writes the pause instead (``pause_here``)."""
+
+
+def pausing(run: WorkflowRun) -> bool:
+    """An operator asked to pause the run while an executor held it: it stops at its next step
+    boundary, once what is in flight is recorded."""
+    return run.paused_at is not None and run.state == RunState.RUNNING
+
+
+def paused_text(run: WorkflowRun) -> str:
+    """ "paused by olga at 03:12:00 UTC: ledger outage" (the run's status and why-sentence)."""
+    return f"paused by {run.paused_by} at {clock.time_of_day(run.paused_at)}: {run.pause_reason}"
+
+
+def pause_checkpoint(draft: Draft, now: datetime | None = None) -> None:
+    """Decide on ``draft`` the pause the run's operator asked for, after whatever it decided
+    before (a call's outcome): the run is given back as paused. The caller writes it, then
+    raises ``paused_error`` outside its transaction."""
+
+    def body(change: _Change) -> None:
+        run = change.run
+        _check(RUN_TRANSITIONS, "pause_reached", run.state, "run")
+        _release_into(run, RunState.PAUSED, reason=paused_text(run))
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+        change.extra["paused_by"] = run.paused_by
+
+    _decide(draft, AuditAction.PAUSE_REACHED, now or clock.now(), body, step_name=draft.run.current_step, of_step=False)
+
+
+def paused_error(draft: Draft) -> RunPaused:
+    return RunPaused(f"run {draft.run.workflow_id} {draft.run.status_reason}")
+
+
+def _pause_over(run: WorkflowRun) -> set[str]:
+    """After an executor's transition of a run whose pause was asked for: a run given back to be
+    due (or waiting for a timer) is paused instead; one that stopped by itself (review, failure,
+    completion, compensation) ends the request. The run's fields so changed."""
+    if run.paused_at is None or run.state in (RunState.RUNNING, RunState.PAUSED):
+        return set()
+    if run.state in (RunState.PENDING, RunState.WAITING):
+        run.state = RunState.PAUSED
+        run.status_reason = redact_text(paused_text(run))
+        return {"state", "status_reason"}
+    run.paused_at, run.paused_by, run.pause_reason = None, None, None
+    return {"paused_at", "paused_by", "pause_reason"}
 
 
 @dataclass
@@ -224,6 +296,8 @@ def _decide[T](
     the checkpoint — the changed fields, the rows, the audit event with the state before and
     after (plus ``change.extra``) — is added to the draft."""
     run = draft.run
+    if action in PAUSE_POINTS and pausing(run):
+        raise PauseReached
     step = draft.step(step_name) if step_name and of_step else None
     before = _snap(run, step)
     change = _Change(draft=draft, run=run, step=step, now=now, action=action)
@@ -233,6 +307,11 @@ def _decide[T](
             setattr(run, name, value)
         change.run_fields.update(renewal)
     decided = body(change)
+    if over := _pause_over(run):
+        if change.run_fields:  # written with the body's own (its revision bumped once)
+            change.run_fields.update(over)
+        else:
+            change.save_run(over)
     after = {**_snap(run, step), **change.extra}
     event = _audit_row(run, change.action, _actor_fields(None), step_name, change.reason, before, after, now)
     draft.checkpoints.append(

@@ -96,6 +96,8 @@ def why_not(
         return InvalidTransition(f"{action} needs a step")
     if step_name and situation.step(step_name) is None:
         return InvalidTransition(f"run {situation.run.workflow_id} has no step {step_name!r}")
+    if (paused := _paused(situation.run)) and action not in RUN_WHILE_PAUSED:
+        return InvalidTransition(paused)
     if step_name and situation.workflow is None:
         return InvalidTransition(
             f"{situation.run.workflow_name} v{situation.run.workflow_version} is not deployed: its steps cannot be "
@@ -105,6 +107,33 @@ def why_not(
     if isinstance(message, InvalidTransition):
         return message
     return InvalidTransition(message) if message else None
+
+
+# What may be done to a paused run (or one whose pause was asked for): everything else would let
+# it go on without being unpaused.
+RUN_WHILE_PAUSED = frozenset({"unpause", "terminate", "snooze_alert"})
+
+
+def _paused(run: WorkflowRun) -> str:
+    if run.state == RunState.PAUSED:
+        return f"run {run.workflow_id} is {run.status_reason}; unpause it first"
+    if run.paused_at is not None and run.state == RunState.RUNNING:
+        return f"run {run.workflow_id} is pausing (asked by {run.paused_by}); unpause it first"
+    return ""
+
+
+def pausable(s: Situation, step_name: str | None, actor) -> str:
+    """A run that moves by itself: pending, waiting, or running (a call in flight is recorded first)."""
+    run = s.run
+    if run.state not in RUN_TRANSITIONS["pause"][0]:
+        return f"run {run.workflow_id} is {run.state}: only a run that moves by itself can be paused"
+    return ""
+
+
+def unpausable(s: Situation, step_name: str | None, actor) -> str:
+    if s.run.paused_at is None:
+        return f"run {s.run.workflow_id} is not paused"
+    return ""
 
 
 def role_refusal(action: str, actor: AbstractBaseUser | None) -> NotPermitted | None:

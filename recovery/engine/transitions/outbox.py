@@ -33,6 +33,9 @@ from ._core import (
     default_owner,
     in_flight_text,
     lease_duration,
+    pause_checkpoint,
+    paused_error,
+    pausing,
 )
 from .checkpoints import Draft, _locked_run
 from .steps import _record_attempt
@@ -53,30 +56,44 @@ def step_enqueue(
     now = now or clock.now()
     with lease.atomic():
         draft = Draft.read(lease, locked=True)
-        step = draft.step(step_name)
-        # The payload is what the publisher calls the step with: the redacted intent, as the
-        # step's own checkpoint. A step gets its credentials from settings, never its intent.
-        payload = _redacted(draft.run, intent)
-        message = OutboxMessage.objects.create(
-            run_id=lease.run_pk,
-            step_name=step_name,
-            idempotency_key=step.idempotency_key,
-            payload=payload,
-            created_at=now,
-            updated_at=now,
-        )
+        if pausing(draft.run):  # an operator asked to pause the run: no message is queued
+            pause_checkpoint(draft, now)
+            lease.commit(draft.checkpoints)
+            message = None
+        else:
+            message = _enqueued(lease, draft, step_name, intent, request_hash, now)
+    if message is None:
+        raise paused_error(draft)  # once the pause is committed
+    dispatch.enqueue_message(message.pk)
+    return message
 
-        def body(change: _Change) -> None:
-            step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
-            step.remote_ref = f"outbox:{message.pk}"
-            step.result = {"outbox_id": message.pk, "delivered": False}
-            fields = _record_attempt(step, payload, request_hash, now)
-            change.save_step(step, ["state", "remote_ref", "result", *fields])
 
-        _decide(draft, AuditAction.STEP_ENQUEUE, now, body, step_name=step_name)
-        lease.commit(draft.checkpoints)
-        dispatch.enqueue_message(message.pk)
-        return message
+def _enqueued(
+    lease: Lease, draft: Draft, step_name: str, intent: dict[str, Any], request_hash: str, now: datetime
+) -> OutboxMessage:
+    step = draft.step(step_name)
+    # The payload is what the publisher calls the step with: the redacted intent, as the
+    # step's own checkpoint. A step gets its credentials from settings, never its intent.
+    payload = _redacted(draft.run, intent)
+    message = OutboxMessage.objects.create(
+        run_id=lease.run_pk,
+        step_name=step_name,
+        idempotency_key=step.idempotency_key,
+        payload=payload,
+        created_at=now,
+        updated_at=now,
+    )
+
+    def body(change: _Change) -> None:
+        step.state = _check(STEP_TRANSITIONS, "succeed", step.state, "step")
+        step.remote_ref = f"outbox:{message.pk}"
+        step.result = {"outbox_id": message.pk, "delivered": False}
+        fields = _record_attempt(step, payload, request_hash, now)
+        change.save_step(step, ["state", "remote_ref", "result", *fields])
+
+    _decide(draft, AuditAction.STEP_ENQUEUE, now, body, step_name=step_name)
+    lease.commit(draft.checkpoints)
+    return message
 
 
 @dataclass(frozen=True)

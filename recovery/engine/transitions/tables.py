@@ -18,6 +18,11 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
     "review": (frozenset({RunState.RUNNING, RunState.COMPENSATING}), RunState.NEEDS_REVIEW),
     "fail": (frozenset({RunState.RUNNING}), RunState.FAILED),
     "resume": (frozenset({RunState.NEEDS_REVIEW, RunState.FAILED, RunState.WAITING}), RunState.PENDING),
+    # an operator pauses a run that moves by itself: at once, or (held by a live executor) at its
+    # next step boundary, once the call in flight is recorded (pause_reached)
+    "pause": (frozenset({RunState.PENDING, RunState.WAITING, RunState.RUNNING}), RunState.PAUSED),
+    "pause_reached": (frozenset({RunState.RUNNING}), RunState.PAUSED),
+    "unpause": (frozenset({RunState.PAUSED}), RunState.PENDING),
     # an operator stops an agent step, even while an executor runs it (its lease is fenced off)
     "hold": (
         frozenset({RunState.PENDING, RunState.RUNNING, RunState.WAITING, RunState.NEEDS_REVIEW, RunState.FAILED}),
@@ -32,6 +37,7 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
                 RunState.NEEDS_REVIEW,
                 RunState.FAILED,
                 RunState.COMPENSATION_FAILED,
+                RunState.PAUSED,
             }
         ),
         RunState.TERMINATED,
