@@ -81,6 +81,7 @@ ACTIONS: dict[str, OperatorAction] = {
             "pause",
             "pause",
             "resume",
+            bulk=True,
             does="no new attempt starts until the run is unpaused: a call in flight finishes and is recorded, "
             "timers and in-flight windows keep running",
             sends="nothing",
@@ -90,6 +91,7 @@ ACTIONS: dict[str, OperatorAction] = {
             "unpause",
             "unpause",
             "resume",
+            bulk=True,
             does="the run goes on where it stopped: due at once, or when its step's timer runs out",
             sends="the next step's request when its turn comes, under its own key",
             button="Unpause",

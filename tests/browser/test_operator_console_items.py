@@ -562,9 +562,11 @@ def test_item7_bulk_shows_a_dry_run_changes_nothing_before_confirmation_then_app
     before = receivers.counts()
     page = page_as("operator")
     bulk = page.locator("#bulk-actions")
-    # An operator may resume and retry in bulk, not terminate (a supervisor's).
+    # An operator may resume, pause, unpause and retry in bulk, not terminate (a supervisor's).
     assert bulk.locator("select[name=action] option").evaluate_all("(os) => os.map((o) => o.value)") == [
         "resume",
+        "pause",
+        "unpause",
         "retry",
     ]
     for run in (f1, f2, done):

@@ -2,7 +2,6 @@
 audited with the operator and a reason, and goes through the same transitions as the
 executor."""
 
-import html
 import re
 
 import pytest
@@ -14,7 +13,7 @@ from django.urls import reverse
 from recovery.engine.transitions import run_start, run_version
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from tests.support import receivers
-from tests.support.console import act, failed_run, login, unknown_run
+from tests.support.console import act, confirm, failed_run, login, unknown_run
 from tests.support.engine import drive
 from tests.support.models import RemoteObject
 
@@ -127,16 +126,6 @@ def test_without_javascript_an_action_redirects_back_to_the_run(clock):
     assert response.status_code == 302 and response["Location"] == reverse("console:run", args=[run.workflow_id])
 
 
-def confirm(client, preview) -> object:
-    """Post the dry run page's confirmation form as it is."""
-    form = preview.text.split('class="bulk-confirm"')[1].split("</form>")[0]
-    fields = re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', form)
-    data: dict[str, list[str]] = {}
-    for name, value in fields:
-        data.setdefault(name, []).append(html.unescape(value))
-    return client.post(reverse("console:bulk"), data)
-
-
 def test_bulk_resume_shows_a_dry_run_then_applies_to_each_run_and_lists_the_ones_it_could_not_touch(clock):
     runs = [failed_run(clock, f"bulk-{i}") for i in range(3)]
     done = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "done"})[0], clock)
@@ -246,7 +235,7 @@ def test_the_runs_table_keeps_the_selection_across_its_refreshes(clock):
     options = re.findall(
         r'<option value="(\w+)">', operator.get(reverse("console:runs")).text.split('id="bulk-actions"')[1]
     )
-    assert options == ["resume", "retry"]  # terminate is a supervisor's
+    assert options == ["resume", "pause", "unpause", "retry"]  # terminate is a supervisor's
 
 
 def test_every_button_is_worded_by_the_action_table_with_facts_the_console_fills_in():

@@ -18,7 +18,7 @@ from recovery.engine.transitions import perform, run_pause, run_start, run_unpau
 from recovery.errors import InvalidTransition
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from tests.support import receivers, workflows
-from tests.support.console import act, failed_run, login
+from tests.support.console import act, confirm, failed_run, login
 from tests.support.engine import assert_invariants, drive, person
 
 pytestmark = pytest.mark.django_db
@@ -278,3 +278,28 @@ def test_a_pause_asked_while_a_retry_is_being_built_stops_it_before_it_is_begun(
     assert actions(run)[-2:] == ["pause", "pause_reached"] and receivers.counts()["message"] == 0
     run = drive(run_unpause(workflow_id=run.workflow_id, actor=olga, reason="messenger back"), clock)
     assert run.state == RunState.COMPLETED and receivers.counts() == ONE_OF_EACH
+
+
+def test_bulk_pause_is_a_dry_run_first_then_pauses_exactly_the_runs_it_listed_and_bulk_unpause_lets_them_go(clock):
+    moving = [started(f"bulk-{i}") for i in range(2)]
+    stuck = failed_run(clock, "bulk-failed")
+    operator = login("operator")
+    ids = [r.workflow_id for r in moving] + [stuck.workflow_id]
+    events = AuditEvent.objects.count()
+    preview = operator.post(reverse("console:bulk"), {"action": "pause", "reason": "ledger outage", "run": ids})
+    assert preview.status_code == 200
+    assert "<b>2</b> of 3 selected runs would be changed" in preview.text
+    assert "only a run that moves by itself can be paused" in preview.text
+    assert AuditEvent.objects.count() == events  # a dry run writes nothing
+
+    assert "2 runs changed" in confirm(operator, preview).text
+    assert set(WorkflowRun.objects.filter(pk__in=[r.pk for r in moving]).values_list("state", flat=True)) == {"paused"}
+    assert WorkflowRun.objects.get(pk=stuck.pk).state == RunState.FAILED
+    for run in moving:
+        assert advance(run.pk, owner="test-executor") is None
+
+    preview = operator.post(reverse("console:bulk"), {"action": "unpause", "reason": "ledger back", "run": ids})
+    assert "2 runs changed" in confirm(operator, preview).text
+    for run in moving:
+        assert drive(run, clock).state == RunState.COMPLETED
+    assert receivers.counts() == {"task": 2, "message": 2, "ledger": 2, "model_call": 3}

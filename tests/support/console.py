@@ -1,6 +1,9 @@
 """Helpers the console tests share: a logged-in client of a role, runs in the states the
 console acts on, and an action posted as the run page posts it."""
 
+import html
+import re
+
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
@@ -35,3 +38,13 @@ def act(client, run, action, *, step="", reason="checked with the team", version
     data = {"action": action, "step": step, "reason": reason, "version": version or run_version(run), **extra}
     headers = {"HX-Request": "true", "HX-Target": "run-body"} if htmx else {}
     return client.post(reverse("console:run-action", args=[run.workflow_id]), data, headers=headers)
+
+
+def confirm(client, preview) -> object:
+    """Post the dry run page's confirmation form as it is."""
+    form = preview.text.split('class="bulk-confirm"')[1].split("</form>")[0]
+    fields = re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', form)
+    data: dict[str, list[str]] = {}
+    for name, value in fields:
+        data.setdefault(name, []).append(html.unescape(value))
+    return client.post(reverse("console:bulk"), data)
