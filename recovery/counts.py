@@ -69,8 +69,13 @@ def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
 
     found = {
         StuckCause.NEEDS_REVIEW: Q(state=RunState.NEEDS_REVIEW),
-        # An unknown outcome the engine is not already about to look up again.
-        StuckCause.UNKNOWN: any_run_with(state=StepState.UNKNOWN) & ~Q(state=RunState.WAITING, next_wake_at__gt=now),
+        # An unknown outcome the engine is not already about to look up again (a paused run's is
+        # looked up once an operator unpauses it: they know).
+        StuckCause.UNKNOWN: (
+            any_run_with(state=StepState.UNKNOWN)
+            & ~Q(state=RunState.WAITING, next_wake_at__gt=now)
+            & ~Q(state=RunState.PAUSED)
+        ),
         # Another executor may take it over: not while it is reserved for its owner (the demo's
         # seed plays its runs on a past clock, their leases "expired" hours ago, held all the same).
         StuckCause.LEASE_EXPIRED: (

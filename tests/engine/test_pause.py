@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from recovery import why
+from recovery import counts, why
 from recovery.engine import failpoints
 from recovery.engine.executor import advance
 from recovery.engine.transitions import perform, run_pause, run_start, run_unpause, run_version
@@ -216,6 +216,8 @@ def test_an_answer_lost_after_commit_while_the_pause_is_asked_is_looked_up_only_
     clock.advance(3600)
     assert advance(run.pk, owner="test-executor") is None  # a paused run is not claimed
     assert receivers.counts() == ONE_OF_EACH  # the one entry, not looked up or sent again yet
+    unknown = counts.stuck_causes(clock.now())["unknown"][1]
+    assert not WorkflowRun.objects.filter(unknown, pk=run.pk).exists()  # paused on purpose: no alert for it
 
     run = drive(run_unpause(workflow_id=run.workflow_id, actor=olga, reason="ledger answers again"), clock)
     assert run.state == RunState.COMPLETED and receivers.counts() == ONE_OF_EACH
