@@ -108,6 +108,16 @@ ACTIONS: dict[str, OperatorAction] = {
             button="Retry {step}",
         ),
         OperatorAction(
+            "retry_now",
+            "retry now",
+            "retry",
+            StepArg.REQUIRED,
+            does="makes {step}'s next attempt now instead of at the end of its backoff; its retry budget stays "
+            "as it is (this attempt counts in it)",
+            sends="{step}'s request again under the same key, once, now",
+            button="Try {step} now, same budget",
+        ),
+        OperatorAction(
             "reconcile",
             "reconcile",
             "reconcile",

@@ -128,6 +128,7 @@ def action_row(action: str, *, needs: str = "", step: str | None = None, role: R
         "versioned": lambda w: w.versioned,
         "moving": lambda w: w.moving,
         "paused": lambda w: w.paused,
+        "backoff": lambda w: w.backoff,
     }[needs]
     step = STEP_OF_ACTION.get(action, "") if step is None else step
     return Row(
@@ -198,6 +199,7 @@ MATRIX: list[Row] = [
     action_row("move_version", needs="versioned"),  # a supervisor's: a v1 run moved to v2
     action_row("pause", needs="moving"),  # an operator's: a run due now stops before its next step
     action_row("unpause", needs="paused"),
+    action_row("retry_now", needs="backoff", step="create_task"),  # an operator's: the backoff dropped
     action_row("approve", needs="approval"),  # another supervisor's request to terminate
     action_row("reject", needs="approval"),
     Row(
@@ -471,6 +473,11 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
         w.moving = run_start(workflow="test_orders", data={"tenant": "t", "order_id": "moving"})[0]
         if needs == "paused":
             w.paused = run_pause(workflow_id=w.moving.workflow_id, actor=None, reason="matrix")
+    if needs == "backoff":  # create_task failed once (503): the run waits for its retry
+        receivers.arm("task", "unavailable")
+        w.backoff = run_start(workflow="test_orders", data={"tenant": "t", "order_id": "backoff"})[0]
+        advance(w.backoff.pk)
+        w.backoff.refresh_from_db()
     if needs == "refused":  # a guard refused the model's approver before anything was written
         receivers.MODEL_SCRIPT.append(json.dumps({"category": "office", "amount": 120, "approver": "mallory"}))
         w.refused = drive(run_start(workflow="test_policy", data={"tenant": "t", "order_id": "refused"})[0], clock)

@@ -65,6 +65,7 @@ from .operator import (
     step_reconcile,
     step_resolve,
     step_retry,
+    step_retry_now,
 )
 from .outbox import (
     OutboxClaim,
@@ -217,6 +218,7 @@ __all__ = [
     "step_reset",
     "step_resolve",
     "step_retry",
+    "step_retry_now",
     "step_succeed",
     "sweeper_beat",
     "executor_beat",

@@ -122,6 +122,18 @@ def _paused(run: WorkflowRun) -> str:
     return ""
 
 
+def backoff_waiting(s: Situation, step_name: str | None, actor) -> str:
+    """A step waiting for its next attempt (failed, due later), in a run nothing else holds up."""
+    run, step = s.run, s.step(step_name)
+    if run.state != RunState.WAITING:
+        return f"run {run.workflow_id} is {run.state}: only a run waiting for a retry can try a step now"
+    if unknown := s.unknown():
+        return f"reconcile {', '.join(unknown)} first: its outcome is unknown"
+    if step.state != StepState.FAILED or step.next_attempt_at is None or step.next_attempt_at <= s.now:
+        return f"{step_name} is not waiting for a retry"
+    return _forward_blocked(s)
+
+
 def pausable(s: Situation, step_name: str | None, actor) -> str:
     """A run that moves by itself: pending, waiting, or running (a call in flight is recorded first)."""
     run = s.run

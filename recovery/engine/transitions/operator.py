@@ -116,6 +116,31 @@ def step_retry(
     )
 
 
+@performs("retry_now", offered=offers.backoff_waiting)
+def step_retry_now(
+    *,
+    workflow_id: str,
+    step_name: str,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    expect: str | None = None,
+    now: datetime | None = None,
+) -> WorkflowRun:
+    """Drop a waiting step's backoff: its next attempt is made now, under the same key, and counts
+    in its retry budget as any other (no attempt beyond the budget; if it fails, the next waits
+    its backoff again). Refused where an outcome is unknown (reconcile first)."""
+    with acting(
+        "retry_now", workflow_id=workflow_id, step_name=step_name, actor=actor, reason=reason, expect=expect, now=now
+    ) as act:
+        step = act.step
+        act.extra["was_due_at"] = step.next_attempt_at.isoformat()
+        step.next_attempt_at = act.now
+        act.save_step(step, ["next_attempt_at"])
+        _check(RUN_TRANSITIONS, "retry_now", act.run.state, "run")
+        act.release(RunState.PENDING, f"{step_name}: to be tried now, asked by {act.who}")
+        return act.run
+
+
 @performs("reconcile", offered=offers.step_in("reconcile", frozenset({StepState.UNKNOWN})))
 def step_reconcile(
     *,

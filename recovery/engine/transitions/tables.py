@@ -18,6 +18,8 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
     "review": (frozenset({RunState.RUNNING, RunState.COMPENSATING}), RunState.NEEDS_REVIEW),
     "fail": (frozenset({RunState.RUNNING}), RunState.FAILED),
     "resume": (frozenset({RunState.NEEDS_REVIEW, RunState.FAILED, RunState.WAITING}), RunState.PENDING),
+    # an operator drops a waiting step's backoff: its next attempt now, its budget as it is
+    "retry_now": (frozenset({RunState.WAITING}), RunState.PENDING),
     # an operator pauses a run that moves by itself: at once, or (held by a live executor) at its
     # next step boundary, once the call in flight is recorded (pause_reached)
     "pause": (frozenset({RunState.PENDING, RunState.WAITING, RunState.RUNNING}), RunState.PAUSED),
