@@ -18,7 +18,7 @@ from recovery.actions import ACTIONS, OperatorAction, audit_label, audited
 from recovery.engine.audit import export
 from recovery.engine.transitions import approval_request, offers, perform, performers, run_start
 from recovery.engine.transitions._core import _actor_fields, _audit_row, _snap
-from recovery.engine.transitions.acting import acting
+from recovery.engine.transitions.acting import operator_transition
 from recovery.errors import InvalidTransition
 from recovery.models import ApprovalRequest, AuditEvent, RunState, StepExecution
 from recovery.states import TERMINAL_RUN_STATES, AuditAction
@@ -73,11 +73,9 @@ def note(monkeypatch):
     monkeypatch.setitem(actions.PERMISSION_OF, "note", NOTE.permission)
     monkeypatch.setattr(performers, "PERFORMERS", dict(performers.PERFORMERS))
 
-    @performers.performs("note", offered=_noted)
-    def run_note(*, workflow_id, actor, reason, expect=None, now=None):
-        with acting("note", workflow_id=workflow_id, actor=actor, reason=reason, expect=expect, now=now) as act:
-            act.extra["note"] = act.reason
-            return act.run
+    @operator_transition("note", offered=_noted)
+    def run_note(act):
+        act.extra["note"] = act.reason
 
     return run_note
 

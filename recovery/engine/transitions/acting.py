@@ -2,12 +2,13 @@
 reason, locks the run (the page's version too), checks the four-eyes rule and the action's
 offer (which locks the steps), takes the state before; the body changes the run and its steps
 through the ``Act``; on the way out one audit event records the state after, and the executor
-is woken if the run became due. ``@performs`` (recovery.engine.transitions.performers) names the
-action beside the body."""
+is woken if the run became due. ``@operator_transition`` makes a transition of a body alone
+(registered with ``@performs``, recovery.engine.transitions.performers)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -36,6 +37,7 @@ from ._core import (
     _snap,
     require_reason,
 )
+from .performers import Rule, performs
 
 
 @dataclass
@@ -139,6 +141,37 @@ def acting(
         )
         if act.wake:
             dispatch.enqueue_run(run.pk)
+
+
+def operator_transition(
+    action: str, *, offered: Rule, audit_as: str | None = None
+) -> Callable[[Callable[..., None]], Callable[..., WorkflowRun]]:
+    """The transition performing ``action`` (``@performs``) from its body alone: the body gets the
+    ``Act`` (and the action's own arguments: evidence, hours…) inside ``acting``. Callers use the
+    transition as any other: ``run_pause(workflow_id=…, actor=…, reason=…)``, plus ``step_name``
+    for a step's action and ``approval`` for a four-eyes one; it returns the run."""
+
+    def register(body: Callable[..., None]) -> Callable[..., WorkflowRun]:
+        @functools.wraps(body)
+        def transition(
+            *,
+            workflow_id: str,
+            actor: AbstractBaseUser | None,
+            reason: str,
+            expect: str | None = None,
+            now: datetime | None = None,
+            step_name: str | None = None,
+            approval: ApprovalRequest | None = None,
+            **arguments: Any,
+        ) -> WorkflowRun:
+            opened = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
+            with acting(action, step_name=step_name, approval=approval, audit_as=audit_as, **opened) as act:
+                body(act, **arguments)
+                return act.run
+
+        return performs(action, offered=offered)(transition)
+
+    return register
 
 
 # --- four-eyes: an action, requested by one person, approved by another ------------------

@@ -32,9 +32,8 @@ from ._core import (
     _snap,
     _step_transition,
 )
-from .acting import acting
+from .acting import Act, operator_transition
 from .checkpoints import Draft
-from .performers import performs
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
 
 
@@ -150,91 +149,53 @@ def _new_row(
 # --- by an operator ------------------------------------------------------------------------
 
 
-@performs("stop_agent", offered=offers.agent_stoppable)
-def agent_stop(
-    *,
-    workflow_id: str,
-    step_name: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowRun:
+@operator_transition("stop_agent", offered=offers.agent_stoppable, audit_as=AuditAction.AGENT_STOP)
+def agent_stop(act: Act) -> None:
     """Stop an agent step now, even while an executor runs it: its lease is fenced off (a call
     in flight then has an unknown outcome, reconciled as any), the journal's rows not yet made
     are left out (nothing is sent for them), the step is held and the run waits for an
     operator — who resumes the run (the agent goes on), forks it from a turn, compensates or
     terminates."""
-    with acting(
-        "stop_agent",
-        workflow_id=workflow_id,
-        step_name=step_name,
-        actor=actor,
-        reason=reason,
-        expect=expect,
-        now=now,
-        audit_as=AuditAction.AGENT_STOP,
-    ) as act:
-        run, now, reason, who = act.run, act.now, act.reason, act.who
-        unknown = act.abandon_running()
-        agent = act.step
-        left_out = []
-        for row in journal_rows(step_name, act.situation.steps):
-            if row.state == StepState.PENDING and not row.attempts:
-                _leave_out(row, f"not made: the agent was stopped by {who}: {reason}", now, actor)
-                left_out.append(row.step_name)
-        agent.refusal = {"rule": offers.AGENT_STOPPED, "message": f"stopped by {who}: {reason}", "values": {}}
-        act.save_step(agent, ["refusal"])
-        _check(RUN_TRANSITIONS, "hold", run.state, "run")
-        # fence off an executor still running it
-        act.release(RunState.NEEDS_REVIEW, f"{step_name}: the agent was stopped by {who}: {reason}", fence=True)
-        act.extra.update(left_out=left_out, **({"steps_now_unknown": unknown} if unknown else {}))
-        return run
+    run, step_name, who, reason = act.run, act.step_name, act.who, act.reason
+    unknown = act.abandon_running()
+    agent = act.step
+    left_out = []
+    for row in journal_rows(step_name, act.situation.steps):
+        if row.state == StepState.PENDING and not row.attempts:
+            _leave_out(row, f"not made: the agent was stopped by {who}: {reason}", act.now, act.actor)
+            left_out.append(row.step_name)
+    agent.refusal = {"rule": offers.AGENT_STOPPED, "message": f"stopped by {who}: {reason}", "values": {}}
+    act.save_step(agent, ["refusal"])
+    _check(RUN_TRANSITIONS, "hold", run.state, "run")
+    # fence off an executor still running it
+    act.release(RunState.NEEDS_REVIEW, f"{step_name}: the agent was stopped by {who}: {reason}", fence=True)
+    act.extra.update(left_out=left_out, **({"steps_now_unknown": unknown} if unknown else {}))
 
 
-@performs("fork_agent", offered=offers.agent_forkable)
-def agent_fork(
-    *,
-    workflow_id: str,
-    step_name: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowRun:
+@operator_transition("fork_agent", offered=offers.agent_forkable, audit_as=AuditAction.AGENT_FORK)
+def agent_fork(act: Act) -> None:
     """Fork an agent step from one of its turns (``step_name``, that turn's row): that turn and
     every later one leave the conversation, with their calls not made yet; the model is asked
     again from the turns before it, and every later turn and call gets a new key version.
     Calls that succeeded stay as they are — their effects stand until an operator compensates
     them, explicitly. A stop is lifted (so is it by resuming the run)."""
-    with acting(
-        "fork_agent",
-        workflow_id=workflow_id,
-        step_name=step_name,
-        actor=actor,
-        reason=reason,
-        expect=expect,
-        now=now,
-        audit_as=AuditAction.AGENT_FORK,
-    ) as act:
-        run, now, reason, who = act.run, act.now, act.reason, act.who
-        turn = parse_journal_name(step_name)
-        agent = act.situation.step(turn.agent)
-        act.before = _snap(run, agent)
-        left_out = []
-        for row in journal_rows(turn.agent, act.situation.steps):
-            entry = parse_journal_name(row.step_name)
-            made = entry.tool is not None and row.state == StepState.SUCCEEDED
-            if entry.turn >= turn.turn and row.state != StepState.SKIPPED and not made:
-                _leave_out(row, f"left out by {who}'s fork from turn {turn.turn}: {reason}", now, actor)
-                left_out.append(row.step_name)
-        agent.key_version += 1  # every later turn and call: a new key version
-        agent.state, agent.result, agent.refusal = StepState.PENDING, None, None
-        act.save_step(agent, ["key_version", "state", "result", "refusal"])
-        _check(RUN_TRANSITIONS, "resume", run.state, "run")
-        act.release(RunState.PENDING, f"{turn.agent}: forked from turn {turn.turn} by {who}")
-        act.after = {**_snap(run, agent), "key_version": agent.key_version, "left_out": left_out}
-        return run
+    run, who, reason = act.run, act.who, act.reason
+    turn = parse_journal_name(act.step_name)
+    agent = act.situation.step(turn.agent)
+    act.before = _snap(run, agent)
+    left_out = []
+    for row in journal_rows(turn.agent, act.situation.steps):
+        entry = parse_journal_name(row.step_name)
+        made = entry.tool is not None and row.state == StepState.SUCCEEDED
+        if entry.turn >= turn.turn and row.state != StepState.SKIPPED and not made:
+            _leave_out(row, f"left out by {who}'s fork from turn {turn.turn}: {reason}", act.now, act.actor)
+            left_out.append(row.step_name)
+    agent.key_version += 1  # every later turn and call: a new key version
+    agent.state, agent.result, agent.refusal = StepState.PENDING, None, None
+    act.save_step(agent, ["key_version", "state", "result", "refusal"])
+    _check(RUN_TRANSITIONS, "resume", run.state, "run")
+    act.release(RunState.PENDING, f"{turn.agent}: forked from turn {turn.turn} by {who}")
+    act.after = {**_snap(run, agent), "key_version": agent.key_version, "left_out": left_out}
 
 
 def _leave_out(row: StepExecution, why: str, now: datetime, actor: AbstractBaseUser | None) -> None:

@@ -10,7 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from recovery import clock
 from recovery.engine import dispatch
 from recovery.errors import ErrorKind, NotThisStep, StepError, TransientError
-from recovery.models import ApprovalRequest, RunState, StepExecution, StepState, WorkflowRun
+from recovery.models import RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.states import AuditAction
 from recovery.workflow import Outcome, StepSpec, workflow_of
@@ -31,8 +31,7 @@ from ._core import (
     _step_transition,
     in_flight_text,
 )
-from .acting import acting
-from .performers import performs
+from .acting import Act, operator_transition
 from .tables import DONE_STEP_STATES, RUN_TRANSITIONS, STEP_TRANSITIONS
 
 # --- compensation (rule 10) -----------------------------------------------------------
@@ -82,40 +81,19 @@ def _mark_compensation(
     return names
 
 
-@performs("compensate", offered=offers.compensable)
-def run_compensate(
-    *,
-    workflow_id: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    step_name: str | None = None,
-    expect: str | None = None,
-    now: datetime | None = None,
-    approval: ApprovalRequest | None = None,
-) -> WorkflowRun:
-    """Undo completed effects with their business compensations, in reverse order: one step,
-    or every completed compensable step of the run (the offer checked who may trigger each).
-    Refused while an outcome is unknown or an executor holds the run. Also retries a
-    compensation that failed."""
-    with acting(
-        "compensate",
-        workflow_id=workflow_id,
-        step_name=step_name,
-        actor=actor,
-        reason=reason,
-        expect=expect,
-        now=now,
-        approval=approval,
-    ) as act:
-        act.abandon_running()  # then compensation waits for their reconciliation
-        act.before = _snap(act.run)
-        targets = offers.compensation_targets(act.situation, step_name)
-        act.after = {
-            **_snap(act.run),
-            "order": _mark_compensation(act.run, targets, step_name=step_name, now=act.now, actor=actor),
-        }
-        act.wake = True
-        return act.run
+@operator_transition("compensate", offered=offers.compensable)
+def run_compensate(act: Act) -> None:
+    """Undo completed effects with their business compensations, in reverse order: one step
+    (``step_name``), or every completed compensable step of the run (the offer checked who may
+    trigger each). Refused while an outcome is unknown or an executor holds the run. Also retries
+    a compensation that failed."""
+    act.abandon_running()  # then compensation waits for their reconciliation
+    act.before = _snap(act.run)
+    step_name = act.step_name or None
+    targets = offers.compensation_targets(act.situation, step_name)
+    order = _mark_compensation(act.run, targets, step_name=step_name, now=act.now, actor=act.actor)
+    act.after = {**_snap(act.run), "order": order}
+    act.wake = True
 
 
 def compensation_begin(*, lease: Lease, step_name: str, now: datetime | None = None) -> StepExecution:

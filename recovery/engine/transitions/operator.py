@@ -25,51 +25,41 @@ from recovery.states import AuditAction
 
 from . import offers
 from ._core import _check, _redacted, _save_step
-from .acting import acting
+from .acting import Act, acting, operator_transition
 from .performers import performs
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
 
 
-@performs("resume", offered=offers.resumable)
-def run_resume(
-    *,
-    workflow_id: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowRun:
+@operator_transition("resume", offered=offers.resumable)
+def run_resume(act: Act) -> None:
     """Resume from the last checkpoint: the run becomes due now; every succeeded step is kept
     and a blocked step gets a fresh retry budget. A finished run refuses (rule 12)."""
-    with acting("resume", workflow_id=workflow_id, actor=actor, reason=reason, expect=expect, now=now) as act:
-        run, now = act.run, act.now
-        _check(RUN_TRANSITIONS, "resume", run.state, "run")
-        for step in act.situation.steps:
-            if step.state in (StepState.FAILED, StepState.UNKNOWN):
-                _restart_budget(step, now, actor)
-        for step in act.situation.steps:
-            # a refusal answered to an agent's model (its call skipped) stays on record
-            if step.refusal is not None and step.state in (StepState.PENDING, StepState.FAILED):
-                _clear_refusal(step)  # its guards run again: a refusal that still holds is recorded again
-                act.save_step(step, ["refusal", "last_error_kind", "last_error"])
-        requeued = []
-        for message in OutboxMessage.objects.select_for_update().filter(run=run, state=OutboxState.FAILED):
-            # Delivered once at most: the next attempt looks the message up before sending.
-            message.state = OutboxState.PENDING
-            message.budget_start_attempt = message.attempts
-            message.budget_started_at = now
-            message.next_attempt_at = None
-            message.updated_at = now
-            message.save(
-                update_fields=["state", "budget_start_attempt", "budget_started_at", "next_attempt_at", "updated_at"]
-            )
-            dispatch.enqueue_message(message.pk)
-            requeued.append(message.step_name)
-        act.release(RunState.PENDING, f"resumed by {act.who}")
-        act.wake = True
-        if requeued:
-            act.extra["outbox_requeued"] = requeued
-        return run
+    run, now = act.run, act.now
+    _check(RUN_TRANSITIONS, "resume", run.state, "run")
+    for step in act.situation.steps:
+        if step.state in (StepState.FAILED, StepState.UNKNOWN):
+            _restart_budget(step, now, act.actor)
+    for step in act.situation.steps:
+        # a refusal answered to an agent's model (its call skipped) stays on record
+        if step.refusal is not None and step.state in (StepState.PENDING, StepState.FAILED):
+            _clear_refusal(step)  # its guards run again: a refusal that still holds is recorded again
+            act.save_step(step, ["refusal", "last_error_kind", "last_error"])
+    requeued = []
+    for message in OutboxMessage.objects.select_for_update().filter(run=run, state=OutboxState.FAILED):
+        # Delivered once at most: the next attempt looks the message up before sending.
+        message.state = OutboxState.PENDING
+        message.budget_start_attempt = message.attempts
+        message.budget_started_at = now
+        message.next_attempt_at = None
+        message.updated_at = now
+        message.save(
+            update_fields=["state", "budget_start_attempt", "budget_started_at", "next_attempt_at", "updated_at"]
+        )
+        dispatch.enqueue_message(message.pk)
+        requeued.append(message.step_name)
+    act.release(RunState.PENDING, f"resumed by {act.who}")
+    if requeued:
+        act.extra["outbox_requeued"] = requeued
 
 
 BUDGET_FIELDS = [
@@ -98,72 +88,38 @@ def _restart_budget(step: StepExecution, now: datetime, actor: AbstractBaseUser 
     _save_step(step, ["state", *BUDGET_FIELDS], now, actor)
 
 
-@performs("retry", offered=offers.step_in("retry", frozenset({StepState.FAILED, StepState.UNKNOWN})))
-def step_retry(
-    *,
-    workflow_id: str,
-    step_name: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowRun:
+@operator_transition("retry", offered=offers.step_in("retry", frozenset({StepState.FAILED, StepState.UNKNOWN})))
+def step_retry(act: Act) -> None:
     """Retry one failed step now, with a fresh budget. The same idempotency key is sent
     again: an operator's retry never bypasses idempotency. An unknown step is not retried
     blindly: the executor reconciles it first, as it always does."""
-    return _operator_step_action(
-        "retry", workflow_id=workflow_id, step_name=step_name, actor=actor, reason=reason, expect=expect, now=now
-    )
+    _restart_step(act, "retry")
 
 
-@performs("retry_now", offered=offers.backoff_waiting)
-def step_retry_now(
-    *,
-    workflow_id: str,
-    step_name: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowRun:
+@operator_transition("retry_now", offered=offers.backoff_waiting)
+def step_retry_now(act: Act) -> None:
     """Drop a waiting step's backoff: its next attempt is made now, under the same key, and counts
     in its retry budget as any other (no attempt beyond the budget; if it fails, the next waits
     its backoff again). Refused where an outcome is unknown (reconcile first)."""
-    with acting(
-        "retry_now", workflow_id=workflow_id, step_name=step_name, actor=actor, reason=reason, expect=expect, now=now
-    ) as act:
-        step = act.step
-        act.extra["was_due_at"] = step.next_attempt_at.isoformat()
-        step.next_attempt_at = act.now
-        act.save_step(step, ["next_attempt_at"])
-        _check(RUN_TRANSITIONS, "retry_now", act.run.state, "run")
-        act.release(RunState.PENDING, f"{step_name}: to be tried now, asked by {act.who}")
-        return act.run
+    step = act.step
+    act.extra["was_due_at"] = step.next_attempt_at.isoformat()
+    step.next_attempt_at = act.now
+    act.save_step(step, ["next_attempt_at"])
+    _check(RUN_TRANSITIONS, "retry_now", act.run.state, "run")
+    act.release(RunState.PENDING, f"{act.step_name}: to be tried now, asked by {act.who}")
 
 
-@performs("reconcile", offered=offers.step_in("reconcile", frozenset({StepState.UNKNOWN})))
-def step_reconcile(
-    *,
-    workflow_id: str,
-    step_name: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowRun:
+@operator_transition("reconcile", offered=offers.step_in("reconcile", frozenset({StepState.UNKNOWN})))
+def step_reconcile(act: Act) -> None:
     """Reconcile an unknown step with the remote system now (look up by key, or resend the
     same key to a receiver that keeps its first result), with a fresh look-up budget."""
-    return _operator_step_action(
-        "reconcile", workflow_id=workflow_id, step_name=step_name, actor=actor, reason=reason, expect=expect, now=now
-    )
+    _restart_step(act, "reconcile")
 
 
-def _operator_step_action(action: str, *, step_name: str, **acted: Any) -> WorkflowRun:
-    with acting(action, step_name=step_name, **acted) as act:
-        act.abandon_running()  # the offer judged a step running under an expired lease unknown
-        _restart_budget(act.step, act.now, act.actor)
-        act.release(RunState.PENDING, f"{step_name}: {action} requested")
-        return act.run
+def _restart_step(act: Act, action: str) -> None:
+    act.abandon_running()  # the offer judged a step running under an expired lease unknown
+    _restart_budget(act.step, act.now, act.actor)
+    act.release(RunState.PENDING, f"{act.step_name}: {action} requested")
 
 
 @performs("resolve_happened", offered=offers.resolvable(True), happened=True)
@@ -249,27 +205,15 @@ def _window_open(situation: offers.Situation, step: StepExecution, now: datetime
     return until.isoformat() if until is not None else "unbounded"
 
 
-@performs("terminate", offered=offers.terminable)
-def run_terminate(
-    *,
-    workflow_id: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-    approval: ApprovalRequest | None = None,
-) -> WorkflowRun:
+@operator_transition("terminate", offered=offers.terminable)
+def run_terminate(act: Act) -> None:
     """Stop the run for good. Effects already made stay made (compensate them explicitly);
     a live executor's next fenced write fails, so it cannot continue."""
-    with acting(
-        "terminate", workflow_id=workflow_id, actor=actor, reason=reason, expect=expect, now=now, approval=approval
-    ) as act:
-        _check(RUN_TRANSITIONS, "terminate", act.run.state, "run")
-        abandoned = act.abandon_running()  # a live executor's call may land or not
-        act.release(RunState.TERMINATED, act.reason, fence=True)  # fence out any executor still holding a lease
-        if abandoned:
-            act.extra["steps_now_unknown"] = abandoned
-        return act.run
+    _check(RUN_TRANSITIONS, "terminate", act.run.state, "run")
+    abandoned = act.abandon_running()  # a live executor's call may land or not
+    act.release(RunState.TERMINATED, act.reason, fence=True)  # fence out any executor still holding a lease
+    if abandoned:
+        act.extra["steps_now_unknown"] = abandoned
 
 
 def _clear_refusal(step: StepExecution) -> None:
@@ -278,44 +222,25 @@ def _clear_refusal(step: StepExecution) -> None:
     step.last_error = ""
 
 
-@performs("override", offered=offers.overridable)
-def step_override(
-    *,
-    workflow_id: str,
-    step_name: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowRun:
+@operator_transition("override", offered=offers.overridable, audit_as=AuditAction.POLICY_OVERRIDE)
+def step_override(act: Act) -> None:
     """Accept the proposal a guard refused: the refused rule is overridden for this run (every
     step's guards skip it while the decision stands), recorded with who and why, and the run
     goes on. Other rules still hold."""
-    with acting(
-        "override",
-        workflow_id=workflow_id,
-        step_name=step_name,
-        actor=actor,
-        reason=reason,
-        expect=expect,
-        now=now,
-        audit_as=AuditAction.POLICY_OVERRIDE,
-    ) as act:
-        step = act.step
-        refusal = step.refusal
-        override = {
-            "rule": refusal.get("rule", ""),
-            "by": act.who,
-            "reason": redact_text(act.reason)[:1000],
-            "at": act.now.isoformat(),
-            "refused": refusal.get("message", ""),
-            "values": refusal.get("values", {}),
-        }
-        act.before["refusal"] = refusal
-        step.overrides = [*(step.overrides or []), override]
-        _clear_refusal(step)
-        act.save_step(step, ["refusal", "overrides", "last_error_kind", "last_error"])
-        _check(RUN_TRANSITIONS, "resume", act.run.state, "run")
-        act.release(RunState.PENDING, f"{step_name}: {override['rule']} overridden by {override['by']}")
-        act.extra["override"] = override
-        return act.run
+    step = act.step
+    refusal = step.refusal
+    override = {
+        "rule": refusal.get("rule", ""),
+        "by": act.who,
+        "reason": redact_text(act.reason)[:1000],
+        "at": act.now.isoformat(),
+        "refused": refusal.get("message", ""),
+        "values": refusal.get("values", {}),
+    }
+    act.before["refusal"] = refusal
+    step.overrides = [*(step.overrides or []), override]
+    _clear_refusal(step)
+    act.save_step(step, ["refusal", "overrides", "last_error_kind", "last_error"])
+    _check(RUN_TRANSITIONS, "resume", act.run.state, "run")
+    act.release(RunState.PENDING, f"{act.step_name}: {override['rule']} overridden by {override['by']}")
+    act.extra["override"] = override

@@ -11,71 +11,48 @@ and the run is given back as paused."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from django.contrib.auth.models import AbstractBaseUser
-
-from recovery.models import RunState, WorkflowRun
+from recovery.models import RunState
 from recovery.redaction import redact_text
 
 from . import offers
 from ._core import Lease, PauseReached, _check, _snap, paused_text, pausing, transition
-from .acting import acting
+from .acting import Act, operator_transition
 from .checkpoints import Draft
-from .performers import performs
 from .tables import RUN_TRANSITIONS
 
 PAUSE_FIELDS = ("paused_at", "paused_by", "pause_reason")
 
 
-@performs("pause", offered=offers.pausable)
-def run_pause(
-    *,
-    workflow_id: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowRun:
+@operator_transition("pause", offered=offers.pausable)
+def run_pause(act: Act) -> None:
     """Pause a run that moves by itself (pending, waiting, running): no new attempt starts until
     it is unpaused. Held by a live executor, it is paused at that executor's next step boundary,
     once the call in flight is recorded; otherwise at once."""
-    with acting("pause", workflow_id=workflow_id, actor=actor, reason=reason, expect=expect, now=now) as act:
-        run = act.run
-        run.paused_at, run.paused_by, run.pause_reason = act.now, act.who, redact_text(act.reason)[:1000]
-        if act.situation.live:
-            act.save_run(list(PAUSE_FIELDS))
-            act.extra["pause"] = "at the executor's next step boundary, once the call in flight is recorded"
-        else:
-            abandoned = act.abandon_running()  # an expired executor's call: unknown, reconciled after
-            _check(RUN_TRANSITIONS, "pause", run.state, "run")
-            act.release(RunState.PAUSED, paused_text(run), fence=True, fields=PAUSE_FIELDS)
-            if abandoned:
-                act.extra["steps_now_unknown"] = abandoned
-        return run
+    run = act.run
+    run.paused_at, run.paused_by, run.pause_reason = act.now, act.who, redact_text(act.reason)[:1000]
+    if act.situation.live:
+        act.save_run(list(PAUSE_FIELDS))
+        act.extra["pause"] = "at the executor's next step boundary, once the call in flight is recorded"
+        return
+    abandoned = act.abandon_running()  # an expired executor's call: unknown, reconciled after
+    _check(RUN_TRANSITIONS, "pause", run.state, "run")
+    act.release(RunState.PAUSED, paused_text(run), fence=True, fields=PAUSE_FIELDS)
+    if abandoned:
+        act.extra["steps_now_unknown"] = abandoned
 
 
-@performs("unpause", offered=offers.unpausable)
-def run_unpause(
-    *,
-    workflow_id: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    expect: str | None = None,
-    now: datetime | None = None,
-) -> WorkflowRun:
+@operator_transition("unpause", offered=offers.unpausable)
+def run_unpause(act: Act) -> None:
     """Let a paused run go on where it stopped: it is due at once (a step whose timer has not run
     out waits for it). A pause not reached yet is withdrawn: its executor goes on."""
-    with acting("unpause", workflow_id=workflow_id, actor=actor, reason=reason, expect=expect, now=now) as act:
-        run = act.run
-        act.before = {**_snap(run), "paused_by": run.paused_by}
-        run.paused_at, run.paused_by, run.pause_reason = None, None, None
-        if run.state == RunState.PAUSED:
-            _check(RUN_TRANSITIONS, "unpause", run.state, "run")
-            act.release(RunState.PENDING, f"unpaused by {act.who}", fields=PAUSE_FIELDS)
-        else:  # asked for while an executor held it, not reached yet
-            act.save_run(list(PAUSE_FIELDS))
-        return run
+    run = act.run
+    act.before = {**_snap(run), "paused_by": run.paused_by}
+    run.paused_at, run.paused_by, run.pause_reason = None, None, None
+    if run.state == RunState.PAUSED:
+        _check(RUN_TRANSITIONS, "unpause", run.state, "run")
+        act.release(RunState.PENDING, f"unpaused by {act.who}", fields=PAUSE_FIELDS)
+    else:  # asked for while an executor held it, not reached yet
+        act.save_run(list(PAUSE_FIELDS))
 
 
 def run_pause_reached(*, lease: Lease) -> None:
