@@ -305,3 +305,24 @@ def test_bulk_pause_is_a_dry_run_first_then_pauses_exactly_the_runs_it_listed_an
     for run in moving:
         assert drive(run, clock).state == RunState.COMPLETED
     assert receivers.counts() == {"task": 2, "message": 2, "ledger": 2, "model_call": 3}
+
+
+def test_a_pause_asked_during_the_last_call_ends_with_the_run_which_completes(clock, monkeypatch):
+    """Nothing is left to stop once the last call is recorded: the run completes and the request
+    ends with it (no paused completed run, nothing to unpause)."""
+    olga = person("olga", "operator")
+    run = started()
+    real = receivers.post_entry
+
+    def post_entry_while_paused(**arguments):
+        outcome = real(**arguments)
+        run_pause(workflow_id=run.workflow_id, actor=olga, reason="ledger slow")
+        return outcome
+
+    monkeypatch.setattr(receivers, "post_entry", post_entry_while_paused)
+    advance(run.pk, owner="test-executor")
+    run.refresh_from_db()
+    assert (run.state, run.paused_at, run.paused_by, run.pause_reason) == (RunState.COMPLETED, None, None, None)
+    assert receivers.counts() == ONE_OF_EACH
+    with pytest.raises(InvalidTransition, match="is not paused"):
+        run_unpause(workflow_id=run.workflow_id, actor=olga, reason="r")

@@ -202,7 +202,7 @@ PAUSE_POINTS = frozenset({AuditAction.STEP_BEGIN, AuditAction.STEP_ENQUEUE})
 
 class PauseReached(Exception):
     """Deciding a pause point (PAUSE_POINTS) on a run whose pause was asked for: nothing of it is
-    decided; ``transition`` writes the pause instead (``pause_here``)."""
+    decided; ``transition`` writes the pause instead (``pause_checkpoint``)."""
 
 
 def pausing(run: WorkflowRun) -> bool:
