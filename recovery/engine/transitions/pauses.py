@@ -4,7 +4,7 @@ and is recorded, timers and in-flight windows keep running, and unpausing contin
 stopped.
 
 A run nobody holds is paused at once. A run an executor holds is paused by that executor at its
-next step boundary (``_core.pause_here``): the pause is asked for (``paused_at`` set, the run's
+next step boundary (``_core.pause_checkpoint``): the pause is asked for (``paused_at`` set, the run's
 revision bumped), so the executor's next write misses its fence and is decided again on the run
 as it is now — a call's outcome is recorded, a new call is not begun (``_core.PAUSE_POINTS``),
 and the run is given back as paused."""
