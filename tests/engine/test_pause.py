@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 from recovery import counts, why
-from recovery.engine import failpoints
+from recovery.engine import executor, failpoints
 from recovery.engine.executor import advance
 from recovery.engine.transitions import perform, run_pause, run_start, run_unpause, run_version
 from recovery.errors import InvalidTransition
@@ -326,3 +326,33 @@ def test_a_pause_asked_during_the_last_call_ends_with_the_run_which_completes(cl
     assert receivers.counts() == ONE_OF_EACH
     with pytest.raises(InvalidTransition, match="is not paused"):
         run_unpause(workflow_id=run.workflow_id, actor=olga, reason="r")
+
+
+def test_a_pause_withdrawn_after_the_executor_saw_it_lets_the_executor_go_on(clock, monkeypatch):
+    """The executor's copy says the pause was asked (the call's outcome was written with it), and
+    the operator unpauses before the executor reaches its boundary: the pause, decided again on
+    the run as it is now, writes nothing, and the executor goes on (not an executor error)."""
+    olga = person("olga", "operator")
+    run = started()
+    real_task, real_load = receivers.create_task, executor.load
+    asked = []
+
+    def create_task_while_paused(**arguments):
+        outcome = real_task(**arguments)
+        asked.append(run_pause(workflow_id=run.workflow_id, actor=olga, reason="ledger outage?"))
+        return outcome
+
+    def load_then_unpause(lease):
+        plan = real_load(lease)
+        if asked and plan is not None and plan.run.paused_at is not None:
+            run_unpause(workflow_id=run.workflow_id, actor=olga, reason="false alarm")
+        return plan
+
+    monkeypatch.setattr(receivers, "create_task", create_task_while_paused)
+    monkeypatch.setattr(executor, "load", load_then_unpause)
+    advance(run.pk, owner="test-executor")
+    monkeypatch.setattr(receivers, "create_task", real_task)
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED and receivers.counts() == ONE_OF_EACH
+    assert not AuditEvent.objects.filter(run=run, action="review").exists()
+    assert "pause_reached" not in actions(run)

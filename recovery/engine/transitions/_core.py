@@ -184,7 +184,8 @@ def _written[T](lease: Lease, draft: Draft, decide: Callable[[Draft], T]) -> T:
     except PauseReached:  # what was decided before the pause point is written with the pause
         pause_checkpoint(draft)
         decided = _PAUSED
-    lease.commit(draft.checkpoints)
+    if draft.checkpoints:  # a decision may find nothing to do (a pause withdrawn meanwhile)
+        lease.commit(draft.checkpoints)
     return decided
 
 
