@@ -15,7 +15,13 @@ from django.utils.timezone import localtime
 from recovery import executors, registry
 from recovery.actions import ACTIONS
 from recovery.clock import time_of_day
-from recovery.engine.transitions import AGENT_STOPPED, TERMINAL_RUN_STATES, UNDONE_STEP_STATES, lease_is_live
+from recovery.engine.transitions import (
+    AGENT_STOPPED,
+    TERMINAL_RUN_STATES,
+    UNDONE_STEP_STATES,
+    lease_is_live,
+    pausing,
+)
 from recovery.errors import ErrorKind
 from recovery.models import (
     IN_PROGRESS_RUN_STATES,
@@ -80,7 +86,7 @@ def why_not_moving(
         return f"terminated: {run.status_reason}"
     if state == RunState.PAUSED:
         return f"{run.status_reason}; unpause it to go on (nothing new starts meanwhile)"
-    if state == RunState.RUNNING and run.paused_at is not None:
+    if pausing(run):
         return (
             f"pausing, asked by {run.paused_by} at {_at(run.paused_at)} ({run.pause_reason}): the call in flight "
             "finishes and is recorded first, then the run stops"

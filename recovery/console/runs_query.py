@@ -327,6 +327,10 @@ RUN_LIST_FIELDS = (
     "next_wake_at",
     "reserved_for",
     "reserved_until",
+    # the why-sentence of a run whose pause was asked names who, when and why (recovery.why)
+    "paused_at",
+    "paused_by",
+    "pause_reason",
 )
 
 

@@ -4,14 +4,18 @@ effect is made once. Every surface goes through one transition (console, manage.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from recovery import counts, why
+from recovery.console.runs_query import RUN_LIST_FIELDS
 from recovery.engine import executor, failpoints
 from recovery.engine.executor import advance
 from recovery.engine.transitions import perform, run_pause, run_start, run_unpause, run_version
@@ -356,3 +360,18 @@ def test_a_pause_withdrawn_after_the_executor_saw_it_lets_the_executor_go_on(clo
     assert run.state == RunState.COMPLETED and receivers.counts() == ONE_OF_EACH
     assert not AuditEvent.objects.filter(run=run, action="review").exists()
     assert "pause_reached" not in actions(run)
+
+
+def test_the_runs_list_says_why_a_pausing_run_waits_from_the_fields_it_loads(clock, monkeypatch):
+    """A run whose pause was asked while its executor holds it: the list's rows (RUN_LIST_FIELDS)
+    hold what its why-sentence names, so saying it costs no query per row."""
+    olga = person("olga", "operator")
+    run = started()
+    WorkflowRun.objects.filter(pk=run.pk).update(
+        state=RunState.RUNNING, lease_owner="w1", lease_expires_at=clock.now() + timedelta(minutes=5)
+    )
+    run_pause(workflow_id=run.workflow_id, actor=olga, reason="ledger outage")
+    row = WorkflowRun.objects.only(*RUN_LIST_FIELDS).get(pk=run.pk)
+    with CaptureQueriesContext(connection) as queries:
+        said = why.why_not_moving(row, [], now=clock.now(), executor_live=True)
+    assert said.startswith("pausing, asked by olga at ") and len(queries) == 0

@@ -209,7 +209,7 @@ class PauseReached(Exception):
 def pausing(run: WorkflowRun) -> bool:
     """An operator asked to pause the run while an executor held it: it stops at its next step
     boundary, once what is in flight is recorded."""
-    return run.paused_at is not None and run.state == RunState.RUNNING
+    return run.state == RunState.RUNNING and run.paused_at is not None
 
 
 def paused_text(run: WorkflowRun) -> str:

@@ -19,7 +19,7 @@ from recovery.errors import ErrorKind, InvalidTransition, NotPermitted
 from recovery.models import AGENT_STOPPED, Alert, AlertState, RunState, StepExecution, StepState, WorkflowRun
 from recovery.workflow import Workflow, journal_rows, parse_journal_name, workflow_of
 
-from ._core import _live_lease
+from ._core import _live_lease, pausing
 from .performers import performer
 from .tables import RUN_TRANSITIONS, TERMINAL_RUN_STATES
 
@@ -117,7 +117,7 @@ RUN_WHILE_PAUSED = frozenset({"unpause", "terminate", "snooze_alert"})
 def _paused(run: WorkflowRun) -> str:
     if run.state == RunState.PAUSED:
         return f"run {run.workflow_id} is {run.status_reason}; unpause it first"
-    if run.paused_at is not None and run.state == RunState.RUNNING:
+    if pausing(run):
         return f"run {run.workflow_id} is pausing (asked by {run.paused_by}); unpause it first"
     return ""
 

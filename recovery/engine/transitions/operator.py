@@ -1,6 +1,7 @@
-"""What an operator does to a run: resume, retry, reconcile, resolve, terminate, override a
-refusal. Each opens and closes with ``acting`` (recovery.engine.transitions.acting) and names
-the action it performs with ``@performs``."""
+"""What an operator does to a run: resume, retry (now), reconcile, resolve, terminate, override a
+refusal. Each is a body under ``@operator_transition`` (recovery.engine.transitions.acting), but
+resolve, whose offer depends on its answer and whose evidence is checked before the transaction:
+it opens ``acting`` itself, under ``@performs``."""
 
 from __future__ import annotations
 
