@@ -35,9 +35,9 @@ document.addEventListener("securitypolicyviolation", (e) => {
 class Watched:
     """A logged-in page whose policy violations and console errors are collected."""
 
-    def __init__(self, browser, live_server, username: str, password: str, *, bypass_csp: bool = False):
+    def __init__(self, new_context, live_server, username: str, password: str, *, bypass_csp: bool = False):
         self.base = live_server.url
-        self.context = browser.new_context(viewport={"width": 1360, "height": 900}, bypass_csp=bypass_csp)
+        self.context = new_context(viewport={"width": 1360, "height": 900}, bypass_csp=bypass_csp)
         self.context.add_init_script(WATCH)
         self.page = self.context.new_page()
         self.console: list[str] = []
@@ -92,7 +92,9 @@ def supervisor(username="boss"):
     return user
 
 
-def test_the_console_and_the_admin_work_under_the_policy_without_a_violation(browser, live_server, clock, monkeypatch):
+def test_the_console_and_the_admin_work_under_the_policy_without_a_violation(
+    new_context, live_server, clock, monkeypatch
+):
     POLICY_START = "default-src 'self'; script-src 'self'; style-src 'self'"
     receivers.arm("message", "commit_then_drop")
     monkeypatch.setattr(workflows.notify, "lookup_fn", lambda ctx: (_ for _ in ()).throw(RuntimeError("down")))
@@ -101,7 +103,7 @@ def test_the_console_and_the_admin_work_under_the_policy_without_a_violation(bro
     receivers.arm("task", "forbidden")
     failed = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "csp-2"})[0], clock)
     supervisor()
-    w = Watched(browser, live_server, "boss", "pw")
+    w = Watched(new_context, live_server, "boss", "pw")
     page = w.page
     assert page.url == f"{w.base}/"
     for path in ["/", "/?stuck=any", "/dashboard", "/demo", f"/runs/{failed.workflow_id}"]:
@@ -138,7 +140,7 @@ def test_the_console_and_the_admin_work_under_the_policy_without_a_violation(bro
     assert w.policies and all(p and p.startswith(POLICY_START) for p in w.policies.values()), w.policies
 
     get_user_model().objects.create_superuser("root", password="root-pw")
-    admin = Watched(browser, live_server, "root", "root-pw")
+    admin = Watched(new_context, live_server, "root", "root-pw")
     for path in ["/admin/", "/admin/recovery/workflowrun/", f"/admin/recovery/workflowrun/{failed.pk}/change/"]:
         admin.goto(path)
         assert admin.page.locator("#site-name").is_visible()
@@ -158,11 +160,11 @@ def htmx_loaded(page) -> bool:
 
 
 @pytest.mark.parametrize("bypass_csp", [True, False], ids=["escaping-alone", "under-the-policy"])
-def test_hostile_text_is_shown_as_text_and_never_runs(browser, live_server, clock, monkeypatch, bypass_csp):
+def test_hostile_text_is_shown_as_text_and_never_runs(new_context, live_server, clock, monkeypatch, bypass_csp):
     planted = hostile.plant(clock, monkeypatch)
     fault_mode = "<svg onload=window.__xss=1>"  # the column holds 32 characters
     Fault.objects.using("sandbox").create(service="tasks", operation="create", mode=fault_mode)
-    w = Watched(browser, live_server, planted.actor, "pw", bypass_csp=bypass_csp)
+    w = Watched(new_context, live_server, planted.actor, "pw", bypass_csp=bypass_csp)
     page = w.page
     assert planted.actor in page.locator("header .who").inner_text()  # logged in under the hostile name
 
