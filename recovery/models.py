@@ -58,6 +58,11 @@ class WorkflowRun(models.Model):
     paused_at = models.DateTimeField(null=True, blank=True)
     paused_by = models.CharField(max_length=150, null=True, blank=True)
     pause_reason = models.TextField(null=True, blank=True)
+    # The workflow's (or one step's) pause that stopped the run (WorkflowPause), once reached: unpausing the
+    # workflow releases the runs it holds. Unindexed: every checkpoint rewrites the run's indexes.
+    workflow_pause = models.ForeignKey(
+        "WorkflowPause", null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     # Bumped by every transition that saves the run, which every change of one of its steps
     # does too: while it is what an executor last wrote, the executor's copy of the run and
     # its steps is current and it need not read them again.
@@ -93,6 +98,43 @@ class WorkflowRun(models.Model):
     def business_key(self) -> str:
         """The business event's own key: the workflow id without the workflow's name."""
         return self.workflow_id.split(":", 1)[1] if ":" in self.workflow_id else self.workflow_id
+
+
+class WorkflowPause(models.Model):
+    """A supervisor's pause of a whole workflow (``step_name`` empty) or of one of its steps
+    (recovery.engine.transitions.holds): new events are accepted, no new attempt begins where it
+    applies, and the runs it stopped wait for it to be released. Kept once released, with who
+    released it and why: the incident's record."""
+
+    workflow_name = models.CharField(max_length=100)
+    step_name = models.CharField(max_length=100, blank=True)
+    paused_by = models.CharField(max_length=150)
+    reason = models.TextField()
+    paused_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+    released_by = models.CharField(max_length=150, blank=True)
+    release_reason = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            # Pausing what is paused already is refused; the index is also what the executor's
+            # write of a new attempt looks in (storage: the fence's ``Unpaused`` condition).
+            models.UniqueConstraint(
+                fields=["workflow_name", "step_name"],
+                condition=models.Q(released_at__isnull=True),
+                name="one_pause_in_force",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name}.{self.step_name}" if self.step_name else self.workflow_name
+
+    @property
+    def scope(self) -> str:
+        """ "workflow invoice", "step post_ledger_entry of invoice" """
+        if self.step_name:
+            return f"step {self.step_name} of {self.workflow_name}"
+        return f"workflow {self.workflow_name}"
 
 
 class RunSearch(models.Model):

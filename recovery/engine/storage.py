@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -25,12 +26,23 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models
 
-from recovery.models import AuditEvent, StepExecution, WorkflowRun
+from recovery.models import AuditEvent, StepExecution, WorkflowPause, WorkflowRun
 from recovery.states import AuditAction
 
 Fields = tuple[models.Field, ...]
 # Fields written by a statement, in its parameters' order, each with whether it is JSON.
 Columns = tuple[tuple[models.Field, bool], ...]
+
+
+@dataclass(frozen=True)
+class Unpaused:
+    """A fence item (``fence["unpaused"]``): no pause of ``workflow``, nor of one of ``steps``,
+    is in force (WorkflowPause) as the statement runs. The write of a new attempt carries it, so
+    a supervisor's pause stops every attempt not begun before it was committed, with no read of
+    its own on the executor's path."""
+
+    workflow: str
+    steps: tuple[str, ...]
 
 
 def update(model: type[models.Model], pk: int, values: dict[str, Any], **fence: Any) -> int:
@@ -86,13 +98,23 @@ def _preparing_cursor_class() -> type:
 
 
 def _fence(fence: dict[str, Any]) -> tuple[tuple[tuple[str, int], ...], list[Any]]:
-    """The fence's shape (column, members of its ``IN`` or 0 for ``=``), by column, and its
-    parameters in that order."""
-    shape = tuple(sorted((name, len(value) if isinstance(value, frozenset) else 0) for name, value in fence.items()))
+    """The fence's shape (column, members of its ``IN`` or 0 for ``=``; for ``Unpaused``, its
+    steps), by column, and its parameters in that order."""
+    shape = tuple(sorted((name, _members(value)) for name, value in fence.items()))
     params: list[Any] = []
     for name, members in shape:
-        params.extend(sorted(fence[name]) if members else [fence[name]])
+        value = fence[name]
+        if isinstance(value, Unpaused):
+            params.extend([value.workflow, *value.steps])
+        else:
+            params.extend(sorted(value) if members else [value])
     return shape, params
+
+
+def _members(value: Any) -> int:
+    if isinstance(value, Unpaused):
+        return len(value.steps)
+    return len(value) if isinstance(value, frozenset) else 0
 
 
 _PLAIN = (str, int, bool, type(None))
@@ -126,9 +148,22 @@ def _update_sql(
     sets = ", ".join(f"{quote(field.column)} = %s" for field, _ in columns)
     where = [f"{quote(meta.pk.column)} = %s"]
     for name, members in fence:
+        if name == "unpaused":
+            where.append(_unpaused_sql(members))
+            continue
         column = quote(meta.get_field(name).column)
         where.append(f"{column} IN ({', '.join(['%s'] * members)})" if members else f"{column} = %s")
     return f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {' AND '.join(where)}", columns
+
+
+def _unpaused_sql(steps: int) -> str:
+    quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
+    table = quote(WorkflowPause._meta.db_table)
+    names = ", ".join(["''", *["%s"] * steps])
+    return (
+        f"NOT EXISTS (SELECT 1 FROM {table} AS p WHERE p.{quote('workflow_name')} = %s"
+        f" AND p.{quote('step_name')} IN ({names}) AND p.{quote('released_at')} IS NULL)"
+    )
 
 
 @cache

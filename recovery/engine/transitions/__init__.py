@@ -119,6 +119,8 @@ from .versions import (
     move_plan,
     run_move_version,
 )
+from .workflow_pauses import in_force as workflow_pauses_in_force
+from .workflow_pauses import workflow_pause, workflow_unpause
 
 __all__ = [
     "pausing",
@@ -126,6 +128,9 @@ __all__ = [
     "run_pause",
     "run_pause_reached",
     "run_unpause",
+    "workflow_pause",
+    "workflow_pauses_in_force",
+    "workflow_unpause",
     "PERFORMERS",
     "MovePlan",
     "accepted_by_run",

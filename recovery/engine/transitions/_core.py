@@ -20,13 +20,13 @@ from recovery import clock, redaction, text
 from recovery.actions import audited
 from recovery.engine import storage
 from recovery.errors import ErrorKind, InvalidTransition, LeaseLost, RunChanged, RunPaused, StepError
-from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
+from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowPause, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.states import AuditAction
 from recovery.workflow import get_workflow, workflow_of
 
 from .checkpoints import Checkpoint, Draft, FenceMiss, Lease, _observed
-from .tables import EXECUTOR, RUN_TRANSITIONS
+from .tables import EXECUTOR, PAUSE_POINTS, RUN_TRANSITIONS
 
 
 def default_owner() -> str:
@@ -181,8 +181,8 @@ _PAUSED = object()
 def _written[T](lease: Lease, draft: Draft, decide: Callable[[Draft], T]) -> T:
     try:
         decided = decide(draft)
-    except PauseReached:  # what was decided before the pause point is written with the pause
-        pause_checkpoint(draft)
+    except PauseReached as reached:  # what was decided before the pause point is written with the pause
+        pause_checkpoint(draft, paused=reached.workflow_pause)
         decided = _PAUSED
     if draft.checkpoints:  # a decision may find nothing to do (a pause withdrawn meanwhile)
         lease.commit(draft.checkpoints)
@@ -195,15 +195,18 @@ def _unless_paused[T](decided: T, draft: Draft) -> T:
     return decided
 
 
-# --- an operator's pause, reached by the executor (recovery.engine.transitions.pauses) -------
-
-# Where a run whose pause was asked for stops: before a new attempt (a call begun, a message queued).
-PAUSE_POINTS = frozenset({AuditAction.STEP_BEGIN, AuditAction.STEP_ENQUEUE})
+# --- a pause reached by the executor: an operator's of the run (recovery.engine.transitions.pauses),
+# a supervisor's of its workflow or step (recovery.engine.transitions.workflow_pauses) ------------
 
 
 class PauseReached(Exception):
-    """Deciding a pause point (PAUSE_POINTS) on a run whose pause was asked for: nothing of it is
-    decided; ``transition`` writes the pause instead (``pause_checkpoint``)."""
+    """Deciding a pause point (PAUSE_POINTS) on a run whose pause was asked for, or where a pause
+    of its workflow or step is in force (``workflow_pause``): nothing of it is decided;
+    ``transition`` writes the pause instead (``pause_checkpoint``)."""
+
+    def __init__(self, workflow_pause: WorkflowPause | None = None):
+        super().__init__(workflow_pause)
+        self.workflow_pause = workflow_pause
 
 
 def pausing(run: WorkflowRun) -> bool:
@@ -217,16 +220,22 @@ def paused_text(run: WorkflowRun) -> str:
     return f"paused by {run.paused_by} at {clock.time_of_day(run.paused_at)}: {run.pause_reason}"
 
 
-def pause_checkpoint(draft: Draft, now: datetime | None = None) -> None:
-    """Decide on ``draft`` the pause the run's operator asked for, after whatever it decided
-    before (a call's outcome): the run is given back as paused. The caller writes it, then
-    raises ``paused_error`` outside its transaction."""
+def pause_checkpoint(draft: Draft, now: datetime | None = None, *, paused: WorkflowPause | None = None) -> None:
+    """Decide on ``draft`` the pause the run's operator asked for — or the pause ``paused`` of
+    its workflow or step — after whatever it decided before (a call's outcome): the run is given
+    back as paused. The caller writes it, then raises ``paused_error`` outside its transaction."""
 
     def body(change: _Change) -> None:
         run = change.run
         _check(RUN_TRANSITIONS, "pause_reached", run.state, "run")
+        fields = RUN_LEASE_FIELDS + ["status_reason"]
+        if paused is not None:  # held by its workflow's pause until that is released
+            run.paused_at, run.paused_by, run.workflow_pause_id = paused.paused_at, paused.paused_by, paused.pk
+            run.pause_reason = redact_text(f"{paused.scope} paused: {paused.reason}")[:1000]
+            fields += ["paused_at", "paused_by", "pause_reason", "workflow_pause_id"]
+            change.extra["workflow_pause"] = paused.scope
         _release_into(run, RunState.PAUSED, reason=paused_text(run))
-        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+        change.save_run(fields)
         change.extra["paused_by"] = run.paused_by
 
     _decide(draft, AuditAction.PAUSE_REACHED, now or clock.now(), body, step_name=draft.run.current_step, of_step=False)
@@ -297,8 +306,11 @@ def _decide[T](
     the checkpoint — the changed fields, the rows, the audit event with the state before and
     after (plus ``change.extra``) — is added to the draft."""
     run = draft.run
-    if action in PAUSE_POINTS and pausing(run):
-        raise PauseReached
+    if action in PAUSE_POINTS:
+        if pausing(run):
+            raise PauseReached
+        if (paused := draft.workflow_pause(step_name)) is not None:
+            raise PauseReached(paused)
     step = draft.step(step_name) if step_name and of_step else None
     before = _snap(run, step)
     change = _Change(draft=draft, run=run, step=step, now=now, action=action)

@@ -27,9 +27,9 @@ from django.db.models.base import ModelState
 
 from recovery.engine import observed, storage
 from recovery.errors import LeaseLost
-from recovery.models import AuditEvent, StepExecution, WorkflowRun
+from recovery.models import AuditEvent, StepExecution, WorkflowPause, WorkflowRun
 
-from .tables import EXECUTOR, LEASED_RUN_STATES
+from .tables import EXECUTOR, LEASED_RUN_STATES, PAUSE_POINTS
 
 
 class FenceMiss(Exception):
@@ -103,13 +103,15 @@ class Draft:
     (``step``), of each step it changes, over the executor's copy (or fresh rows, locked when
     ``Draft.read(lease, locked=True)``). ``revision`` is the run's revision as read: the fence."""
 
-    def __init__(self, lease: Lease, run: WorkflowRun, steps: dict[str, StepExecution]):
+    def __init__(self, lease: Lease, run: WorkflowRun, steps: dict[str, StepExecution], *, locked: bool = False):
         self.lease = lease
         self.revision = run.revision
         self.run: WorkflowRun = _clone(run)
         self._read = steps
         self.changed: dict[str, StepExecution] = {}
         self.checkpoints: list[Checkpoint] = []
+        self.locked = locked
+        self._paused: list[WorkflowPause] | None = None
 
     @classmethod
     def read(cls, lease: Lease, *, locked: bool = False) -> Draft:
@@ -121,7 +123,18 @@ class Draft:
         elif leased_run(lease) is None:
             lease.seen.clear()
             raise LeaseLost(f"lease {lease.generation} on run {lease.run_pk} is no longer held")
-        return cls(lease, lease.seen["run"], lease.seen["steps"])
+        return cls(lease, lease.seen["run"], lease.seen["steps"], locked=locked)
+
+    def workflow_pause(self, step_name: str) -> WorkflowPause | None:
+        """The supervisor's pause in force of the run's workflow, or of ``step_name``, that stops
+        a new attempt of that step (the whole workflow's first). Read only on a draft read under
+        the run's lock; on the executor's copy, None: its write checks it (``write``)."""
+        if not self.locked:
+            return None
+        if self._paused is None:
+            paused = WorkflowPause.objects.filter(workflow_name=self.run.workflow_name, released_at__isnull=True)
+            self._paused = list(paused.order_by("step_name"))
+        return next((p for p in self._paused if p.step_name in ("", step_name)), None)
 
     def step(self, name: str) -> StepExecution:
         """The step to change, as this draft has it (a copy of it, made at the first ask)."""
@@ -186,6 +199,11 @@ def write(lease: Lease, checkpoints: list[Checkpoint]) -> None:
     updates = {draft.changed[name].pk: values for name, values in step_values.items() if name not in inserted}
     events = [checkpoint.event for checkpoint in checkpoints]
     fence = checkpoints[0].fence
+    # A new attempt is written only while no pause of its workflow or step is in force; under
+    # the run's lock, the draft read them (``Draft.workflow_pause``) just before.
+    begun = sorted({c.step_name for c in checkpoints if c.action in PAUSE_POINTS})
+    if begun and not draft.locked:
+        fence["unpaused"] = storage.Unpaused(draft.run.workflow_name, tuple(begun))
     # One statement writes new step rows (an agent's journal) too; a ModelDecision row is
     # written with its checkpoint in one transaction, through the ORM (it is rare: a decision's
     # success, which commits alone).

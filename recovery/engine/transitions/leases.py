@@ -10,11 +10,19 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 
 from recovery import clock, registry
 from recovery.engine import metrics, storage
-from recovery.models import IN_PROGRESS_RUN_STATES, OutboxMessage, RunState, StepExecution, SweeperBeat, WorkflowRun
+from recovery.models import (
+    IN_PROGRESS_RUN_STATES,
+    OutboxMessage,
+    RunState,
+    StepExecution,
+    SweeperBeat,
+    WorkflowPause,
+    WorkflowRun,
+)
 from recovery.states import AuditAction
 
 from ._core import (
@@ -76,18 +84,22 @@ def sweeper_beat(*, name: str, by: str | None = None, now: datetime | None = Non
 
 def claimable(now: datetime, owner: str | None = None) -> Q:
     """Runs an executor may take now: due and unowned, or owned by a lease that expired; and
-    not reserved for another executor (``owner``: the one asking; None: any executor)."""
+    not reserved for another executor (``owner``: the one asking; None: any executor). A pending
+    run of a workflow a supervisor paused (WorkflowPause, whole) stays pending until it is
+    unpaused; a run already under way is taken, and stops before its next attempt."""
     unowned = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
     due = Q(next_wake_at__isnull=True) | Q(next_wake_at__lte=now)
     in_progress = Q(state__in=IN_PROGRESS_RUN_STATES)
     free = Q(reserved_for__isnull=True) | Q(reserved_until__lte=now)
     if owner is not None:
         free |= Q(reserved_for=owner)
+    paused = WorkflowPause.objects.filter(workflow_name=OuterRef("workflow_name"), step_name="", released_at=None)
     # in_progress is implied by the rest; stated, it lets PostgreSQL use run_in_progress_idx.
     return (
         in_progress
         & (
-            (Q(state__in=[RunState.PENDING, RunState.WAITING, RunState.COMPENSATING]) & due & unowned)
+            (Q(state__in=[RunState.WAITING, RunState.COMPENSATING]) & due & unowned)
+            | (Q(state=RunState.PENDING) & due & unowned & ~Exists(paused))
             | Q(state=RunState.RUNNING, lease_expires_at__lte=now)
         )
         & free

@@ -16,7 +16,16 @@ from django.contrib.auth.models import AbstractBaseUser
 from recovery import permissions, registry
 from recovery.actions import ACTIONS, StepArg
 from recovery.errors import ErrorKind, InvalidTransition, NotPermitted
-from recovery.models import AGENT_STOPPED, Alert, AlertState, RunState, StepExecution, StepState, WorkflowRun
+from recovery.models import (
+    AGENT_STOPPED,
+    Alert,
+    AlertState,
+    RunState,
+    StepExecution,
+    StepState,
+    WorkflowPause,
+    WorkflowRun,
+)
 from recovery.workflow import Workflow, journal_rows, parse_journal_name, workflow_of
 
 from ._core import _live_lease, pausing
@@ -143,8 +152,15 @@ def pausable(s: Situation, step_name: str | None, actor) -> str:
 
 
 def unpausable(s: Situation, step_name: str | None, actor) -> str:
-    if s.run.paused_at is None:
-        return f"run {s.run.workflow_id} is not paused"
+    """A paused run (or one pausing), unless a pause of its workflow in force holds it: that pause
+    releases its runs when it is unpaused (transitions.workflow_pauses)."""
+    run = s.run
+    if run.paused_at is None:
+        return f"run {run.workflow_id} is not paused"
+    if run.workflow_pause_id is not None:
+        held = WorkflowPause.objects.filter(pk=run.workflow_pause_id, released_at__isnull=True).first()
+        if held is not None:
+            return f"run {run.workflow_id} is held by the pause of {held.scope} (by {held.paused_by}): unpause that"
     return ""
 
 

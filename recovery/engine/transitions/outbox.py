@@ -56,8 +56,9 @@ def step_enqueue(
     now = now or clock.now()
     with lease.atomic():
         draft = Draft.read(lease, locked=True)
-        if pausing(draft.run):  # an operator asked to pause the run: no message is queued
-            pause_checkpoint(draft, now)
+        paused = draft.workflow_pause(step_name)  # a supervisor's pause of the workflow or the step
+        if pausing(draft.run) or paused is not None:  # an operator asked to pause it: no message is queued
+            pause_checkpoint(draft, now, paused=None if pausing(draft.run) else paused)
             lease.commit(draft.checkpoints)
             message = None
         else:

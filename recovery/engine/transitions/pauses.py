@@ -50,7 +50,8 @@ def run_unpause(act: Act) -> None:
     run.paused_at, run.paused_by, run.pause_reason = None, None, None
     if run.state == RunState.PAUSED:
         _check(RUN_TRANSITIONS, "unpause", run.state, "run")
-        act.release(RunState.PENDING, f"unpaused by {act.who}", fields=PAUSE_FIELDS)
+        run.workflow_pause_id = None  # a workflow's pause released it (transitions.workflow_pauses)
+        act.release(RunState.PENDING, f"unpaused by {act.who}", fields=(*PAUSE_FIELDS, "workflow_pause_id"))
     else:  # asked for while an executor held it, not reached yet
         act.save_run(list(PAUSE_FIELDS))
 

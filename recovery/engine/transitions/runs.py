@@ -20,7 +20,7 @@ from django.utils.crypto import salted_hmac
 from recovery import clock, tracing
 from recovery.engine import dispatch, metrics, storage
 from recovery.errors import ErrorKind, StartConflict
-from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowRun
+from recovery.models import AuditEvent, RunState, StepExecution, StepState, WorkflowPause, WorkflowRun
 from recovery.states import AuditAction
 from recovery.workflow import StepSpec, Workflow, get_workflow, idempotency_key, payload_hash
 
@@ -86,7 +86,13 @@ def run_start_claimed(
     in one write — and, with ``first``, the first call's intent too (its ``step_begin``): the
     lease's ``begun`` names it, to be called next. For a process that runs what it starts
     (``executor.start_and_advance``). The lease is None when the event's run existed already:
-    it is returned as it is, for whoever holds it or may claim it."""
+    it is returned as it is, for whoever holds it or may claim it; and when a supervisor's pause
+    of the workflow (or of one of its steps) is in force: the run is then started pending, for
+    the claim that may take it (``leases.claimable``) to take it."""
+    name = workflow if isinstance(workflow, str) else workflow.name
+    if WorkflowPause.objects.filter(workflow_name=name, released_at=None).exists():
+        run, _, _ = _start(workflow, data, actor, now)
+        return run, None
     owner = owner or default_owner()
     run, steps, begun = _start(workflow, data, actor, now, owner=owner, first=first)
     if steps is None:

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from recovery.models import TERMINAL_RUN_STATES as TERMINAL_RUN_STATES  # re-exported: the engine reads it here
 from recovery.models import RunState, StepState
+from recovery.states import AuditAction
 
 EXECUTOR = "executor"
+
+# Where a pause stops a run: before a new attempt (a call begun, a message queued). An operator's
+# pause of the run (transitions.pauses), or a supervisor's of its workflow or of that step
+# (transitions.workflow_pauses), which the write of a new attempt checks itself.
+PAUSE_POINTS = frozenset({AuditAction.STEP_BEGIN, AuditAction.STEP_ENQUEUE})
 
 # action -> (states it may start from, state it leads to)
 RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {

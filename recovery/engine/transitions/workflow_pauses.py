@@ -1,0 +1,128 @@
+"""Pausing a whole workflow, or one step of it (issue 37): a supervisor stops every run of it at
+once during an incident, with a reason, and releases them later.
+
+While a pause is in force (a ``WorkflowPause`` row not released): new events are accepted and
+their runs kept pending (``leases.claimable`` does not take them; a start does not claim what it
+starts); a run under way stops before its next attempt — of any step, or of the paused step
+only — once the call in flight is recorded, and waits as ``paused``, held by that pause
+(``WorkflowRun.workflow_pause``). The executor reads nothing for this on its way: the write
+of a new attempt carries the condition that no such pause is in force (``storage.Unpaused``)
+and misses if one is; the executor then decides again under the run's lock, where the draft
+reads the pauses in force (``Draft.workflow_pause``), and writes the run's pause instead.
+
+Unpausing releases the pause, then each run it holds, one by one, through the operator's own
+``unpause`` (audited on each run with who released it and why). A step whose effect commits in
+our own database with its outcome (``local=True``) makes no attempt to stop before: pausing one
+is refused, and a paused workflow's local steps run up to its next call."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+
+from recovery import clock, permissions
+from recovery.errors import InvalidTransition, NotPermitted
+from recovery.models import RunState, WorkflowPause, WorkflowRun
+from recovery.redaction import redact_text
+from recovery.registry import all_versions
+
+from ._core import _actor_fields, require_reason
+from .pauses import run_unpause
+
+
+def in_force(workflow: str | None = None) -> list[WorkflowPause]:
+    """The pauses in force (of ``workflow``, or of every workflow), oldest first."""
+    pauses = WorkflowPause.objects.filter(released_at__isnull=True)
+    if workflow is not None:
+        pauses = pauses.filter(workflow_name=workflow)
+    return list(pauses.order_by("paused_at", "pk"))
+
+
+def workflow_pause(
+    *, workflow: str, step_name: str = "", actor: AbstractBaseUser | str, reason: str, now: datetime | None = None
+) -> WorkflowPause:
+    """Pause ``workflow`` (or its step ``step_name``): no new attempt begins where it applies
+    until it is unpaused. Refused (InvalidTransition, nothing written) for a workflow or step
+    this deployment does not know, a local step, and what is paused already."""
+    reason = require_reason(reason)
+    _require_supervisor(actor, "pause a workflow")
+    _check_scope(workflow, step_name)
+    who = _actor_fields(actor)["actor"]
+    try:
+        with transaction.atomic():
+            return WorkflowPause.objects.create(
+                workflow_name=workflow,
+                step_name=step_name,
+                paused_by=who,
+                reason=redact_text(reason),
+                paused_at=now or clock.now(),
+            )
+    except IntegrityError:  # one_pause_in_force: someone paused it first
+        raise InvalidTransition(_already(workflow, step_name)) from None
+
+
+def workflow_unpause(
+    *, workflow: str, step_name: str = "", actor: AbstractBaseUser | str, reason: str, now: datetime | None = None
+) -> dict[str, Any]:
+    """Release the pause in force of ``workflow`` (or of its step ``step_name``), then each run it
+    holds (``unpause``, audited on the run). Returns the pause and what became of its runs:
+    ``{"pause", "released": [workflow ids], "refused": {workflow id: why}}``."""
+    reason = require_reason(reason)
+    _require_supervisor(actor, "unpause a workflow")
+    now = now or clock.now()
+    with transaction.atomic():
+        pause = (
+            WorkflowPause.objects.select_for_update()
+            .filter(workflow_name=workflow, step_name=step_name, released_at__isnull=True)
+            .first()
+        )
+        if pause is None:
+            scope = f"step {step_name} of {workflow}" if step_name else f"workflow {workflow}"
+            raise InvalidTransition(f"{scope} is not paused")
+        pause.released_at, pause.released_by = now, _actor_fields(actor)["actor"]
+        pause.release_reason = redact_text(reason)
+        pause.save(update_fields=["released_at", "released_by", "release_reason"])
+    held = WorkflowRun.objects.filter(workflow_pause=pause, state=RunState.PAUSED).order_by("pk")
+    released, refused = [], {}
+    for workflow_id in held.values_list("workflow_id", flat=True):
+        try:
+            run_unpause(workflow_id=workflow_id, actor=actor, reason=f"{pause.scope} unpaused: {reason}", now=now)
+            released.append(workflow_id)
+        except (InvalidTransition, NotPermitted) as exc:  # changed meanwhile (terminated, say)
+            refused[workflow_id] = str(exc)
+    return {"pause": pause, "released": released, "refused": refused}
+
+
+def _require_supervisor(actor: AbstractBaseUser | str, doing: str) -> None:
+    if isinstance(actor, str) or permissions.can(actor, "pause_workflow"):
+        return  # a system's label (an alert policy, the API's token) was checked where it came in
+    role = permissions.role_of(actor).name.lower()
+    raise NotPermitted(f"{actor.get_username()} ({role}) may not {doing}: that needs the supervisor role")
+
+
+def _check_scope(workflow: str, step_name: str) -> None:
+    versions = [wf for wf in all_versions() if wf.name == workflow]
+    if not versions:
+        raise InvalidTransition(f"no workflow {workflow!r} is deployed here")
+    if not step_name:
+        return
+    specs = [spec for wf in versions for spec in wf.steps if spec.name == step_name]
+    if not specs:
+        names = sorted({spec.name for wf in versions for spec in wf.steps})
+        raise InvalidTransition(f"workflow {workflow} has no step {step_name!r} (its steps: {', '.join(names)})")
+    if all(spec.local for spec in specs):
+        raise InvalidTransition(
+            f"step {step_name} of {workflow} is local: its effect commits with its outcome and no attempt of it "
+            "waits to begin; pause the step after it, or the whole workflow"
+        )
+
+
+def _already(workflow: str, step_name: str) -> str:
+    pause = WorkflowPause.objects.filter(workflow_name=workflow, step_name=step_name, released_at=None).first()
+    scope = f"step {step_name} of {workflow}" if step_name else f"workflow {workflow}"
+    if pause is None:
+        return f"{scope} is paused already"
+    return f"{scope} is paused already, by {pause.paused_by} at {clock.time_of_day(pause.paused_at)}: {pause.reason}"
