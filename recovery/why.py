@@ -32,6 +32,7 @@ from recovery.models import (
     RunState,
     StepExecution,
     StepState,
+    WorkflowPause,
     WorkflowRun,
 )
 from recovery.validation import problem_count
@@ -65,10 +66,12 @@ def why_not_moving(
     approvals: Iterable[ApprovalRequest] = (),
     outbox: Iterable[OutboxMessage] = (),
     executor_live: bool | None = None,
+    workflow_paused: WorkflowPause | None | bool = False,
 ) -> str:
     """One sentence: what the run waits for, or what a person must do. ``executor_live``: whether
     some executor is live (recovery.executors), when the caller knows; else read here, only for a
-    run that waits for one."""
+    run that waits for one. ``workflow_paused``: the pause in force of the run's whole workflow
+    (None: none), when the caller knows (``whole_pauses``); else read here, only for a pending run."""
     steps = sorted(steps, key=lambda s: s.order)
     pending = [a for a in approvals if a.state == ApprovalState.PENDING]
     state = run.state
@@ -85,6 +88,8 @@ def why_not_moving(
     if state == RunState.TERMINATED:
         return f"terminated: {run.status_reason}"
     if state == RunState.PAUSED:
+        if run.workflow_pause_id is not None:
+            return f"{run.status_reason}; it goes on when that pause is released (nothing new starts meanwhile)"
         return f"{run.status_reason}; unpause it to go on (nothing new starts meanwhile)"
     if pausing(run):
         return (
@@ -107,6 +112,14 @@ def why_not_moving(
     if run.reserved_for and run.reserved_until and run.reserved_until > now and state not in TERMINAL_RUN_STATES:
         return f"reserved for {run.reserved_for} until {_at(run.reserved_until)}: other executors leave it alone"
     if state == RunState.PENDING:
+        if workflow_paused is False:
+            workflow_paused = whole_pauses([run]).get(run.workflow_name)
+        if workflow_paused is not None:
+            p = workflow_paused
+            return (
+                f"kept pending: workflow {p.workflow_name} paused by {p.paused_by} at {_at(p.paused_at)}: {p.reason}; "
+                "it starts when the workflow is unpaused"
+            )
         return "due now: waiting for an executor to claim it"
     if state == RunState.COMPENSATING:
         marked = [s for s in steps if s.state == StepState.COMPENSATING]
@@ -252,6 +265,16 @@ WHY_STEP_FIELDS = (
 )
 
 
+def whole_pauses(runs: Iterable[WorkflowRun]) -> dict[str, WorkflowPause]:
+    """The pauses in force of whole workflows, by name, where one of ``runs`` is pending (one
+    query then; none otherwise): what keeps those runs pending."""
+    names = {run.workflow_name for run in runs if run.state == RunState.PENDING}
+    if not names:
+        return {}
+    found = WorkflowPause.objects.filter(workflow_name__in=names, step_name="", released_at__isnull=True)
+    return {p.workflow_name: p for p in found}
+
+
 def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:
     """Set ``run.why`` (and ``run.partly_compensated``) on each run of a list page: their steps
     in one query (the undone steps of the completed ones in another), and their pending
@@ -274,8 +297,16 @@ def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:
             approvals[request.run_id].append(request)
     waiting = any(executors.unclaimed_since(run, now) is not None for run in runs)
     live = executors.any_live(now) if waiting else True  # one query, for a page that needs it
+    paused = whole_pauses(runs)
     for run in runs:
-        run.why = why_not_moving(run, steps[run.pk], now=now, approvals=approvals[run.pk], executor_live=live)
+        run.why = why_not_moving(
+            run,
+            steps[run.pk],
+            now=now,
+            approvals=approvals[run.pk],
+            executor_live=live,
+            workflow_paused=paused.get(run.workflow_name),
+        )
         run.partly_compensated = run.state == RunState.COMPLETED and any(
             s.state == StepState.COMPENSATED for s in steps[run.pk]
         )

@@ -331,6 +331,7 @@ RUN_LIST_FIELDS = (
     "paused_at",
     "paused_by",
     "pause_reason",
+    "workflow_pause_id",  # held by its workflow's pause: released with it
 )
 
 

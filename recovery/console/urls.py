@@ -12,5 +12,6 @@ urlpatterns = [
     path("runs/<path:workflow_id>", views.run_detail, name="run"),
     path("bulk", views.bulk_action, name="bulk"),
     path("dashboard", views.dashboard, name="dashboard"),
+    path("workflows/pauses", views.workflow_pauses, name="workflow-pauses"),
     path("audit/export", export_views.export_audit, name="audit-export"),
 ]

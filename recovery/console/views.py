@@ -17,8 +17,14 @@ from django_htmx.http import HttpResponseStopPolling
 
 from recovery import clock, counts, why
 from recovery.actions import PERMISSION_OF
-from recovery.console import alert_lists, overview, panel, selectors, services
-from recovery.engine.transitions import TERMINAL_RUN_STATES, lease_is_live, run_version
+from recovery.console import alert_lists, incidents, overview, panel, selectors, services
+from recovery.engine.transitions import (
+    TERMINAL_RUN_STATES,
+    lease_is_live,
+    run_version,
+    workflow_pause,
+    workflow_unpause,
+)
 from recovery.errors import InvalidTransition, NotPermitted, RunChanged
 from recovery.http import flash, not_allowed, permission_required, require_POST, require_safe
 from recovery.models import RunState, StepState, WorkflowRun
@@ -79,6 +85,7 @@ def runs_list(request: HttpRequest) -> HttpResponse:
             workflows=workflows,
             unregistered=selectors.unregistered(workflows),
             version_choices=selectors.version_choices(filters, now=now),
+            pauses=incidents.pauses(),  # the incident's pauses in force, at the top
         )
     return render(request, f"console/runs.html#{partial}" if partial else "console/runs.html", context)
 
@@ -278,4 +285,27 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     now = clock.now()
     # The dashboard's numbers, and the snoozed alerts (who silenced which, until when, why).
     context = {**overview.dashboard(now=now), "snoozed": alert_lists.snoozed(now)}
+    context["pauses"] = incidents.pauses()
+    if can(request.user, "pause_workflow"):
+        context["pause_choices"] = incidents.choices()
     return render(request, "console/dashboard.html", context)
+
+
+@require_POST
+@permission_required("view")
+def workflow_pauses(request: HttpRequest) -> HttpResponse:
+    """A supervisor pauses a workflow (or one step of it), or releases a pause in force."""
+    if not can(request.user, "pause_workflow"):
+        return flash(request, not_allowed(request, "pause_workflow", "workflows"), status=403)
+    action = request.POST.get("action", "")
+    perform = {"pause": workflow_pause, "unpause": workflow_unpause}.get(action)
+    if perform is None:
+        return flash(request, f"unknown action {action!r}", status=400)
+    workflow, step = incidents.parse_target(request.POST.get("target", ""))
+    try:
+        perform(workflow=workflow, step_name=step, actor=request.user, reason=request.POST.get("reason", ""))
+    except NotPermitted as exc:
+        return flash(request, str(exc), status=403)
+    except InvalidTransition as exc:
+        return flash(request, str(exc), status=400)
+    return redirect(reverse("console:dashboard") + "#workflow-pauses")

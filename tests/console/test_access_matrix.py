@@ -45,6 +45,7 @@ from recovery.models import (
     ModelDecision,
     OutboxMessage,
     StepExecution,
+    WorkflowPause,
     WorkflowRun,
 )
 from recovery.permissions import Role
@@ -202,6 +203,15 @@ MATRIX: list[Row] = [
     action_row("retry_now", needs="backoff", step="create_task"),  # an operator's: the backoff dropped
     action_row("approve", needs="approval"),  # another supervisor's request to terminate
     action_row("reject", needs="approval"),
+    Row(
+        "console:workflow-pauses",
+        "pause a workflow",
+        Console(Role.SUPERVISOR),
+        {"POST": 302},  # back to the dashboard's pauses
+        url=lambda w: "/workflows/pauses",
+        body=lambda w: {"action": "pause", "target": "test_orders", "reason": "matrix"},
+        changes=True,
+    ),
     Row(
         "console:bulk",
         "bulk resume (dry run)",
@@ -447,6 +457,7 @@ def world_state() -> dict:
         "ledger": LedgerEntry.objects.using("sandbox").count(),
         "faults": list(Fault.objects.using("sandbox").order_by("pk").values_list("pk", "remaining")),
         "idempotency": IdempotencyRecord.objects.using("sandbox").count(),
+        "workflow_pauses": list(WorkflowPause.objects.order_by("pk").values_list("pk", "released_at")),
     }
 
 
@@ -561,8 +572,15 @@ def _id(row: Row) -> str:
 
 
 def _permitted_write(row: Row, method: str, caller: str) -> bool:
-    want = expected(row, method, caller)[0]
-    return bool(row.changes) and method == "POST" and row.access != ADMIN and want == row.methods.get(method)
+    want, login = expected(row, method, caller)
+    refused = isinstance(row.access, Console) and login is not None  # a console page's caller sent to log in
+    return (
+        bool(row.changes)
+        and method == "POST"
+        and row.access != ADMIN
+        and want == row.methods.get(method)
+        and not refused
+    )
 
 
 @pytest.mark.parametrize("caller", CALLERS)

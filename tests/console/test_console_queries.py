@@ -38,8 +38,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # the versions of runs stuck because their version is not deployed (the version filter's choices
 # beside the registered ones: a short walk of the runs in progress, no count).
 # A whole page (base.html) also reads whether any executor is live (the "no executor" banner):
-# one aggregate over the executors' few rows; an htmx part does not.
-RUNS_PAGE_QUERIES = 9
+# one aggregate over the executors' few rows; an htmx part does not. And the pauses of a workflow
+# in force (the incident banner: issue 37), one read of a small table (two more while some hold).
+RUNS_PAGE_QUERIES = 10
 RUNS_TABLE_QUERIES = 6  # an htmx refresh of the table: no filter form
 # The counts part (on load, and its refresh): no page of runs; the state counts, the stuck
 # counts, and the total of runs matching the filters ("1,234 runs", capped too).

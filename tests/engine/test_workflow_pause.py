@@ -216,3 +216,35 @@ def test_the_commands_pause_list_and_unpause_through_the_same_transitions(clock)
     assert out.getvalue() == "unpaused: step post_entry of test_orders; 1 run(s) released\n"
     assert drive(run, clock).state == RunState.COMPLETED
     assert receivers.counts()["ledger"] == 1
+
+
+def test_the_runs_list_says_which_runs_a_pause_holds_and_keeps_pending_in_one_query(clock, monkeypatch):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from recovery.console.runs_query import RUN_LIST_FIELDS
+
+    sam = person("sam", "supervisor")
+    workflow_pause(workflow="test_orders", step_name="post_entry", actor=sam, reason="ledger outage")
+    held = drive(started("w-8"), clock)
+    workflow_pause(workflow="test_orders", actor=sam, reason="tracker outage too")
+    pending = [started("w-9"), started("w-10")]
+    rows = list(WorkflowRun.objects.only(*RUN_LIST_FIELDS).filter(pk__in=[held.pk, *(r.pk for r in pending)]))
+    monkeypatch.setattr(why.executors, "any_live", lambda now: True)
+    with CaptureQueriesContext(connection) as queries:
+        why.for_page(rows, now=clock.now())
+    said = {row.workflow_id: row.why for row in rows}
+    assert said[held.workflow_id].endswith(
+        "step post_entry of test_orders paused: ledger outage; it goes on when that pause is released "
+        "(nothing new starts meanwhile)"
+    )
+    for run in pending:
+        assert said[run.workflow_id].startswith("kept pending: workflow test_orders paused by sam at ")
+        assert said[run.workflow_id].endswith(": tracker outage too; it starts when the workflow is unpaused")
+    # the moving runs' steps, their four-eyes requests (a test workflow has some), and the pauses
+    # that keep runs pending: none per row
+    assert [q["sql"].split('"')[1] for q in queries.captured_queries] == [
+        "recovery_stepexecution",
+        "recovery_approvalrequest",
+        "recovery_workflowpause",
+    ]
