@@ -98,6 +98,26 @@ class GuardContext(StepContext):
 
 
 @dataclass(frozen=True)
+class PauseAfter:
+    """``pause_after=PauseAfter(failures=5, within=timedelta(minutes=2))``: when that many attempts
+    of a step, across the workflow's runs, failed with one error kind within that time — a
+    receiver that keeps failing — the engine pauses the step for the whole workflow by itself
+    (recovery.engine.transitions.workflow_pauses) and raises one alert; a supervisor releases it
+    (``unpause_workflow``). Set it below the step's retry budget, or runs reach review first."""
+
+    failures: int
+    within: timedelta
+
+    def __post_init__(self) -> None:
+        if self.failures < 1 or self.within <= timedelta(0):
+            raise ValueError("pause_after: failures is at least 1, within is longer than nothing")
+
+    def text(self, failed: int, kind: str, step: str) -> str:
+        """ "5 attempts of post_entry failed (transient) within 0:02:00" """
+        return f"{failed} attempts of {step} failed ({kind}) within {self.within}"
+
+
+@dataclass(frozen=True)
 class Guard:
     """A deterministic check between a model's proposal and a write: it passes, or raises
     ``PolicyRefusal(rule, message, values)``. ``steps``: the steps it guards (a workflow's
@@ -177,6 +197,8 @@ class StepSpec:
     settle: timedelta | None = DEFAULT_SETTLE
     # An agent step's loop (its row) and each of its model turns (their rows: journal names).
     agent: AgentPolicy | None = None
+    # Paused by itself when its receiver keeps failing; None: the workflow's (Workflow.pause_policy).
+    pause_after: PauseAfter | None = None
 
     # decorators, in the style of property setters
     def intent(self, fn: Callable[[StepContext], dict[str, Any]]) -> Callable:

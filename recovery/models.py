@@ -101,10 +101,8 @@ class WorkflowRun(models.Model):
 
 
 class WorkflowPause(models.Model):
-    """A supervisor's pause of a whole workflow (``step_name`` empty) or of one of its steps
-    (recovery.engine.transitions.holds): new events are accepted, no new attempt begins where it
-    applies, and the runs it stopped wait for it to be released. Kept once released, with who
-    released it and why: the incident's record."""
+    """A pause of a whole workflow (``step_name`` empty) or of one of its steps, by a supervisor or
+    by the engine (recovery.engine.transitions.workflow_pauses); kept once released: the record."""
 
     workflow_name = models.CharField(max_length=100)
     step_name = models.CharField(max_length=100, blank=True)
@@ -114,6 +112,11 @@ class WorkflowPause(models.Model):
     released_at = models.DateTimeField(null=True, blank=True)
     released_by = models.CharField(max_length=150, blank=True)
     release_reason = models.TextField(blank=True)
+    # Paused by the engine (``pause_after``) after a failure of trigger_run: its alert's run.
+    automatic = models.BooleanField(default=False)
+    trigger_run = models.ForeignKey(
+        WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
 
     class Meta:
         constraints = [
@@ -132,9 +135,7 @@ class WorkflowPause(models.Model):
     @property
     def scope(self) -> str:
         """ "workflow invoice", "step post_ledger_entry of invoice" """
-        if self.step_name:
-            return f"step {self.step_name} of {self.workflow_name}"
-        return f"workflow {self.workflow_name}"
+        return f"step {self.step_name} of {self.workflow_name}" if self.step_name else f"workflow {self.workflow_name}"
 
 
 class RunSearch(models.Model):
@@ -482,9 +483,20 @@ class Alert(models.Model):
     snoozed_until = models.DateTimeField(null=True, blank=True)
     snoozed_by = models.CharField(max_length=150, blank=True)
     snooze_reason = models.TextField(blank=True)
+    # The one alert of a step that paused itself (cause ``auto_paused``): raised on the run whose
+    # failure tripped the policy, resolved when the pause is released, not when that run moves.
+    workflow_pause = models.OneToOneField(
+        WorkflowPause, null=True, blank=True, on_delete=models.PROTECT, related_name="alert"
+    )
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "revision"], name="one_alert_per_run_episode")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "revision"],
+                condition=models.Q(workflow_pause__isnull=True),
+                name="one_alert_per_run_episode",
+            )
+        ]
         indexes = [models.Index(fields=["state", "raised_at"], name="alert_state_idx")]
 
     def __str__(self) -> str:

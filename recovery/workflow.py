@@ -50,6 +50,7 @@ from recovery.contract import (  # noqa: F401  (re-exported: the authors' API)
     GuardContext,
     JournalName,
     Outcome,
+    PauseAfter,
     Reconcile,
     Rerun,
     StepContext,
@@ -107,6 +108,7 @@ class Workflow:
         redact_fields: tuple[str, ...] = (),
         four_eyes: bool | Iterable[str] = False,
         stuck_after: timedelta | Mapping[str, timedelta] | None = None,
+        pause_after: PauseAfter | None = None,
     ):
         """``redact_fields`` names this workflow's own sensitive keys, redacted wherever the
         engine persists its data, on top of ``RECOVERY_REDACT_FIELDS`` (recovery.redaction).
@@ -119,7 +121,10 @@ class Workflow:
         ``stuck_after``: when a run of this workflow that is stuck (a person must act, or
         something is wrong: the console's stuck causes) raises an alert — one duration for
         every cause, or one per cause (``{"unknown": timedelta(minutes=5), "any": …}``; "any"
-        for the causes not named). Counted from the run's last change. None: no alert."""
+        for the causes not named). Counted from the run's last change. None: no alert.
+
+        ``pause_after``: each step that makes an attempt (not a local step) pauses itself for the
+        whole workflow when its receiver keeps failing (``PauseAfter``); a step's own overrides it."""
         self.name = name
         self.version = version
         self._workflow_id = workflow_id
@@ -133,6 +138,7 @@ class Workflow:
             raise ValueError(f"four_eyes: {unknown} cannot need approval (one of {known})")
         self.four_eyes: frozenset[str] = frozenset(chosen)
         self.stuck_after: dict[str, timedelta] = _stuck_after(stuck_after)
+        self.pause_after = pause_after
         self.steps: list[StepSpec] = []
         self.tools: dict[str, ToolSpec] = {}
         self.guards: list[Guard] = []
@@ -225,6 +231,7 @@ class Workflow:
         timeout: float | Callable[[], float | None] | None = None,
         settle: timedelta | None = DEFAULT_SETTLE,
         result: type[pydantic.BaseModel] | None = None,
+        pause_after: PauseAfter | None = None,
     ) -> Callable[[Callable], StepSpec]:
         """Declare the next step. A step safe to re-run reconciles by re-running by default.
 
@@ -247,6 +254,9 @@ class Workflow:
 
         ``result``: the pydantic model of the step's result. Where the receiver cannot be asked
         by its own id (no ``@lookup_ref``), an operator's "it succeeded" fills it in, validated.
+
+        ``pause_after``: pause this step for the whole workflow when its receiver keeps failing
+        (``PauseAfter``; default: the workflow's).
         """
         if local:
             if outbox or reconcile not in (None, Reconcile.RERUN):
@@ -271,6 +281,7 @@ class Workflow:
                 timeout=timeout,
                 settle=settle,
                 result_schema=result,
+                pause_after=pause_after,
             )
             if any(s.name == spec.name for s in self.steps):
                 raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")
@@ -331,6 +342,13 @@ class Workflow:
         if self.input_schema is None:
             return data
         return self.input_schema.model_validate(data).model_dump(mode="json")
+
+    def pause_policy(self, spec: StepSpec) -> PauseAfter | None:
+        """When ``spec`` pauses itself for the whole workflow: its own policy, else the workflow's
+        for a step that makes an attempt (a local step makes none to stop before)."""
+        if spec.pause_after is not None:
+            return spec.pause_after
+        return None if spec.local else self.pause_after
 
     def get_step(self, name: str) -> StepSpec:
         for spec in self.steps:

@@ -9,6 +9,7 @@ from typing import Any
 
 from recovery import counts
 from recovery.models import Alert, AlertState
+from recovery.observability.alerts import label
 
 SNOOZED_SHOWN = 20
 
@@ -21,6 +22,6 @@ def snoozed(now: datetime) -> dict[str, Any]:
     (count, capped), *_ = counts.capped_counts([alerts])
     shown = list(alerts.select_related("run").order_by("snoozed_until", "pk")[:SNOOZED_SHOWN])
     for alert in shown:
-        alert.label = counts.STUCK_LABELS.get(alert.cause, alert.cause)
+        alert.label = label(alert.cause)
         alert.ended = alert.snoozed_until is not None and alert.snoozed_until <= now
     return {"count": count, "capped": capped, "alerts": shown, "more": count > len(shown)}

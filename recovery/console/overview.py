@@ -14,7 +14,7 @@ from django.db.models.functions import TruncHour
 from recovery import counts, executors
 from recovery.console import selectors
 from recovery.models import FAILURE_ACTIONS, Alert, AlertState, AuditEvent, RunState
-from recovery.observability import exposition
+from recovery.observability import alerts, exposition
 
 
 def dashboard(*, now: datetime) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def _firing() -> dict[str, Any]:
     (count, capped), *_ = counts.capped_counts([firing])
     newest = list(firing.select_related("run").prefetch_related("deliveries").order_by("-raised_at")[:FIRING_SHOWN])
     for alert in newest:
-        alert.label = counts.STUCK_LABELS.get(alert.cause, alert.cause)
+        alert.label = alerts.label(alert.cause)
     return {"count": count, "capped": capped, "alerts": newest}
 
 

@@ -440,5 +440,10 @@ def _record(
         transitions.step_mark_unknown(lease=lease, step_name=name, error=error, spec=spec)
     else:
         transitions.step_fail(lease=lease, step_name=name, error=error, spec=spec, auto_compensate=plan.auto_compensate)
+    if error is not None and (policy := plan.workflow.pause_policy(spec)) is not None:
+        # A receiver that keeps failing: the step pauses itself for the whole workflow.
+        transitions.workflow_pause_if_failing(
+            run=plan.run, step_name=name, kind=error.kind, error=error.message[:300], policy=policy
+        )
     failpoints.hit(name, "after_outcome")
     return begun

@@ -35,7 +35,7 @@ from django.db.models import Exists, F, OuterRef
 from recovery import clock, counts
 from recovery import why as why_sentence
 from recovery.engine import transitions
-from recovery.models import Alert, AlertDelivery, AlertState, WorkflowRun
+from recovery.models import Alert, AlertDelivery, AlertState, WorkflowPause, WorkflowRun
 from recovery.workflow import all_workflows
 
 LIMIT = 100  # alerts raised, resolved or sent per sweep: a backlog is worked off over several
@@ -55,7 +55,34 @@ def channels() -> list[str]:
 def sweep(now: datetime | None = None) -> dict[str, int]:
     """One round: raise what is overdue, resolve what moved on, send what is due."""
     now = now or clock.now()
-    return {"raised": raise_overdue(now), "resolved": resolve_moved(now), "sent": send_due(now)}
+    raised = raise_overdue(now) + raise_paused(now)
+    return {"raised": raised, "resolved": resolve_moved(now) + resolve_released(now), "sent": send_due(now)}
+
+
+def raise_paused(now: datetime) -> int:
+    """One alert for each step that paused itself (``pause_after``) and has none yet: not one per
+    run it stops."""
+    paused = WorkflowPause.objects.filter(automatic=True, released_at=None, alert__isnull=True).order_by("pk")
+    configured = channels()
+    return sum(
+        transitions.alert_raise_paused(pause_pk=pk, channels=configured, now=now) is not None
+        for pk in paused.values_list("pk", flat=True)[:LIMIT]
+    )
+
+
+def resolve_released(now: datetime) -> int:
+    """Resolve the alert of a step that paused itself once a supervisor released the pause."""
+    released = Alert.objects.filter(
+        state__in=[AlertState.FIRING, AlertState.SNOOZED], workflow_pause__released_at__isnull=False
+    ).select_related("workflow_pause")
+    return sum(
+        transitions.alert_resolve(alert_pk=alert.pk, why=_released(alert.workflow_pause), now=now) is not None
+        for alert in released.order_by("pk")[:LIMIT]
+    )
+
+
+def _released(pause: WorkflowPause) -> str:
+    return f"{pause.scope} unpaused by {pause.released_by}: {pause.release_reason}"
 
 
 def raise_overdue(now: datetime) -> int:
@@ -70,7 +97,7 @@ def raise_overdue(now: datetime) -> int:
             after = workflow.overdue_after(cause)
             if after is None or raised >= LIMIT:
                 continue
-            alerted = Alert.objects.filter(run=OuterRef("pk"), revision=OuterRef("revision"))
+            alerted = Alert.objects.filter(run=OuterRef("pk"), revision=OuterRef("revision"), workflow_pause=None)
             snoozed = Alert.objects.filter(run=OuterRef("pk"), snoozed_until__gt=now)
             overdue = list(
                 WorkflowRun.objects.filter(condition, workflow_name=workflow.name, updated_at__lte=now - after)
@@ -91,7 +118,10 @@ def resolve_moved(now: datetime) -> int:
     for their cause: found in SQL (one query for the changed, one per cause), never by reading
     every open alert."""
     causes = counts.stuck_causes(now)
-    open_alerts = Alert.objects.filter(state__in=[AlertState.FIRING, AlertState.SNOOZED]).select_related("run")
+    # A paused step's alert is resolved with its pause (resolve_released), not when its run moves.
+    open_alerts = Alert.objects.filter(
+        state__in=[AlertState.FIRING, AlertState.SNOOZED], workflow_pause__isnull=True
+    ).select_related("run")
     found = [
         (alert, f"the run changed (it is now {alert.run.state})")
         for alert in open_alerts.exclude(run__revision=F("revision")).order_by("pk")[:LIMIT]
@@ -137,19 +167,30 @@ def send_due(now: datetime) -> int:
 def payload(delivery: AlertDelivery) -> dict[str, Any]:
     """What a channel says about an alert."""
     alert, run = delivery.alert, delivery.alert.run
-    return {
+    data = {
         "alert": alert.pk,
         "delivery": delivery.pk,
         "workflow_id": run.workflow_id,
         "workflow": run.workflow_name,
         "run_state": run.state,
         "cause": alert.cause,
-        "cause_label": counts.STUCK_LABELS.get(alert.cause, alert.cause),
+        "cause_label": label(alert.cause),
         "why": alert.why,
         "stuck_since": alert.stuck_since.isoformat(),
         "raised_at": alert.raised_at.isoformat(),
         "url": f"{settings.RECOVERY_CONSOLE_URL}/runs/{quote(run.workflow_id, safe='')}",
     }
+    if alert.workflow_pause_id is not None:  # a step paused itself: the incident, not this run
+        data.update(paused=alert.workflow_pause.scope, url=f"{settings.RECOVERY_CONSOLE_URL}/dashboard#workflow-pauses")
+    return data
+
+
+def label(cause: str) -> str:
+    """An alert's cause as the console and the channels say it."""
+    return PAUSED_LABEL if cause == transitions.AUTO_PAUSED else counts.STUCK_LABELS.get(cause, cause)
+
+
+PAUSED_LABEL = "Step paused by itself"
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:

@@ -28,10 +28,12 @@ from ._core import _live_lease as lease_is_live
 from .acting import LABELS, needs_approval
 from .agents import agent_fork, agent_stop, agent_turn_add, agent_turn_record
 from .alerts import (
+    AUTO_PAUSED,
     alert_delivered,
     alert_deliveries_claim,
     alert_delivery_failed,
     alert_raise,
+    alert_raise_paused,
     alert_resolve,
     alert_snooze,
 )
@@ -120,15 +122,17 @@ from .versions import (
     run_move_version,
 )
 from .workflow_pauses import in_force as workflow_pauses_in_force
-from .workflow_pauses import workflow_pause, workflow_unpause
+from .workflow_pauses import workflow_pause, workflow_pause_if_failing, workflow_unpause
 
 __all__ = [
+    "AUTO_PAUSED",
     "pausing",
     "paused_text",
     "run_pause",
     "run_pause_reached",
     "run_unpause",
     "workflow_pause",
+    "workflow_pause_if_failing",
     "workflow_pauses_in_force",
     "workflow_unpause",
     "PERFORMERS",
@@ -148,6 +152,7 @@ __all__ = [
     "alert_delivered",
     "alert_delivery_failed",
     "alert_raise",
+    "alert_raise_paused",
     "alert_resolve",
     "alert_snooze",
     "BUDGET_FIELDS",

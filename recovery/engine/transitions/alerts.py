@@ -14,7 +14,7 @@ from recovery import clock
 from recovery.actions import MAX_SNOOZE_HOURS, SNOOZE_DEFAULT_HOURS
 from recovery.engine import metrics
 from recovery.errors import InvalidTransition
-from recovery.models import Alert, AlertDelivery, AlertState, DeliveryState, WorkflowRun
+from recovery.models import Alert, AlertDelivery, AlertState, DeliveryState, WorkflowPause, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.states import AuditAction
 
@@ -40,30 +40,52 @@ def alert_raise(
             run = WorkflowRun.objects.select_for_update().get(pk=run_pk)
             if run.revision != revision:
                 return None
-            alert = Alert.objects.create(
-                run=run,
-                cause=cause,
-                revision=revision,
-                why=redact_text(why)[:2000],
-                stuck_since=run.updated_at,
-                raised_at=now,
-            )
-            AlertDelivery.objects.bulk_create(
-                [AlertDelivery(alert=alert, channel=channel, next_attempt_at=now) for channel in channels]
-            )
-            state = {"run": run.state, "alert": cause}
-            _audit(
-                run,
-                AuditAction.ALERT_RAISED,
-                actor=ALERTS,
-                reason=f"stuck since {run.updated_at:%Y-%m-%d %H:%M:%S} UTC ({cause}): {alert.why}"[:2000],
-                before=state,
-                after={**state, "channels": channels},
-                now=now,
-            )
-            return alert
+            alert = Alert(run=run, cause=cause, revision=revision, stuck_since=run.updated_at)
+            stuck = f"stuck since {run.updated_at:%Y-%m-%d %H:%M:%S} UTC ({cause})"
+            return _raised(alert, why, channels, now, reason=stuck)
     except IntegrityError:  # another sweeper raised it first
         return None
+
+
+AUTO_PAUSED = "auto_paused"  # the cause of a step's alert when it paused itself
+
+
+def alert_raise_paused(*, pause_pk: int, channels: list[str], now: datetime | None = None) -> Alert | None:
+    """Raise the one alert of a step that paused itself (``workflow_pause_if_failing``), on the run
+    whose failure tripped it. None when it is raised already, or the pause was released."""
+    now = now or clock.now()
+    try:
+        with transaction.atomic():
+            pause = WorkflowPause.objects.select_for_update().get(pk=pause_pk)
+            run = pause.trigger_run
+            if pause.released_at is not None or run is None:
+                return None
+            why = f"{pause.scope} paused by itself: {pause.reason}"
+            alert = Alert(run=run, cause=AUTO_PAUSED, revision=run.revision, stuck_since=pause.paused_at)
+            alert.workflow_pause = pause
+            return _raised(alert, why, channels, now, reason=f"{pause.scope} paused by itself")
+    except IntegrityError:  # another sweeper raised it first
+        return None
+
+
+def _raised(alert: Alert, why: str, channels: list[str], now: datetime, *, reason: str) -> Alert:
+    """Write ``alert`` (why, raised now) and one delivery per channel; audit it on its run."""
+    alert.why, alert.raised_at = redact_text(why)[:2000], now
+    alert.save(force_insert=True)
+    AlertDelivery.objects.bulk_create(
+        [AlertDelivery(alert=alert, channel=channel, next_attempt_at=now) for channel in channels]
+    )
+    state = {"run": alert.run.state, "alert": alert.cause}
+    _audit(
+        alert.run,
+        AuditAction.ALERT_RAISED,
+        actor=ALERTS,
+        reason=f"{reason}: {alert.why}"[:2000],
+        before=state,
+        after={**state, "channels": channels},
+        now=now,
+    )
+    return alert
 
 
 def alert_resolve(*, alert_pk: int, why: str, now: datetime | None = None) -> Alert | None:

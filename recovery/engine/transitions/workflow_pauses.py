@@ -24,13 +24,18 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
 from recovery import clock, permissions
+from recovery.contract import PauseAfter
 from recovery.errors import InvalidTransition, NotPermitted
-from recovery.models import RunState, WorkflowPause, WorkflowRun
+from recovery.models import AuditEvent, RunState, WorkflowPause, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.registry import all_versions
+from recovery.states import AuditAction
 
 from ._core import _actor_fields, require_reason
 from .pauses import run_unpause
+
+# A failed attempt of a step, in its audit trail: failed (then retried, or not), or its outcome unknown.
+FAILED_ATTEMPTS = [AuditAction.STEP_FAIL.value, AuditAction.STEP_UNKNOWN.value]
 
 
 def in_force(workflow: str | None = None) -> list[WorkflowPause]:
@@ -62,6 +67,46 @@ def workflow_pause(
             )
     except IntegrityError:  # one_pause_in_force: someone paused it first
         raise InvalidTransition(_already(workflow, step_name)) from None
+
+
+AUTO_PAUSE = "auto-pause"  # who paused a step by itself (a step's ``pause_after`` policy)
+RECENT_FAILURES = 1000  # failures read back at most, newest first, to count one kind's
+
+
+def workflow_pause_if_failing(
+    *, run: WorkflowRun, step_name: str, kind: str, error: str, policy: PauseAfter, now: datetime | None = None
+) -> WorkflowPause | None:
+    """After a failed attempt of ``step_name`` (``kind``) in ``run``, recorded: if attempts of that
+    step across the workflow's runs failed with that kind ``policy.failures`` times within
+    ``policy.within``, pause the step for the whole workflow (by AUTO_PAUSE, its alert raised on
+    ``run`` by the next sweep). None if it does not, or a pause of the step or the workflow is in
+    force already. Counted from the audit trail (the failures' own events)."""
+    now = now or clock.now()
+    workflow = run.workflow_name
+    in_force = WorkflowPause.objects.filter(workflow_name=workflow, step_name__in=["", step_name], released_at=None)
+    if in_force.exists():
+        return None
+    failures = AuditEvent.objects.filter(
+        at__gte=now - policy.within, action__in=FAILED_ATTEMPTS, step_name=step_name, run__workflow_name=workflow
+    )
+    afters = failures.order_by("-at").values_list("after", flat=True)[:RECENT_FAILURES]
+    failed = sum(1 for after in afters if isinstance(after, dict) and after.get("error_kind") == kind)
+    if failed < policy.failures:
+        return None
+    reason = f"{policy.text(failed, kind, step_name)}: the receiver keeps failing (the last: {error})"
+    try:
+        with transaction.atomic():
+            return WorkflowPause.objects.create(
+                workflow_name=workflow,
+                step_name=step_name,
+                paused_by=AUTO_PAUSE,
+                reason=redact_text(reason)[:2000],
+                paused_at=now,
+                automatic=True,
+                trigger_run=run,
+            )
+    except IntegrityError:  # another executor's failure paused it first
+        return None
 
 
 def workflow_unpause(
