@@ -101,6 +101,7 @@ SETTLED = frozenset(
         RunState.COMPENSATED,
         RunState.COMPENSATION_FAILED,
         RunState.TERMINATED,
+        RunState.PAUSED,  # a step that paused itself (pause_after): a person releases it
     }
 )
 

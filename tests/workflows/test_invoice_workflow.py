@@ -27,6 +27,7 @@ from recovery.models import (
 )
 from recovery.workflow import CompensationPolicy
 from sandbox import faults
+from sandbox.models import Fault
 from tests.support.engine import crash_at, drive, lease_expired_running_steps, person
 from workflows.invoice import workflow as invoice_module
 
@@ -293,12 +294,30 @@ def test_8_the_same_event_delivered_concurrently_makes_one_run_and_one_of_each(p
     assert set(StepExecution.objects.values_list("attempts", flat=True)) == {1}
 
 
-def test_unavailable_until_the_budget_runs_out_goes_to_review_not_compensation(clock, automatic):
+def test_unavailable_until_the_budget_runs_out_goes_to_review_not_compensation(clock, automatic, monkeypatch):
+    # Without its pause_after policy (the next test), the ledger step spends its whole budget.
+    monkeypatch.setattr(invoice_module.post_ledger_entry, "pause_after", None)
     faults.set_fault("ledger", "post", "unavailable", times=50)
     run = drive(start(), clock)
     assert run.state == RunState.NEEDS_REVIEW
     assert step(run, "post_ledger_entry").attempts == invoice_module.LEDGER_POLICY.maximum_attempts
     assert faults.counts() == {**ONE_OF_EACH, "ledger_entries": 0}
+    assert_invariants()
+
+
+def test_a_ledger_unavailable_for_every_call_pauses_its_step_before_the_budget_runs_out(clock, automatic):
+    """The ledger step's policy: five failures of one kind within two minutes pause it for every
+    run (its backoff puts one run's five failures within 75 s), one attempt short of review."""
+    faults.set_fault("ledger", "post", "unavailable", times=50)
+    run = drive(start(), clock)
+    assert run.state == RunState.PAUSED
+    assert run.status_reason.startswith("paused by auto-pause at ")
+    assert step(run, "post_ledger_entry").attempts == 5 < invoice_module.LEDGER_POLICY.maximum_attempts
+    assert faults.counts() == {**ONE_OF_EACH, "ledger_entries": 0}
+    Fault.objects.using("sandbox").update(remaining=0)  # the ledger is back
+    transitions.workflow_unpause(workflow="invoice", step_name="post_ledger_entry", actor=person("sam"), reason="up")
+    assert drive(run, clock).state == RunState.COMPLETED
+    assert faults.counts() == ONE_OF_EACH
     assert_invariants()
 
 

@@ -14,7 +14,7 @@ from decimal import Decimal
 from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import PolicyRefusal
-from recovery.workflow import CompensationPolicy, Reconcile, Rerun, Workflow
+from recovery.workflow import CompensationPolicy, PauseAfter, Reconcile, Rerun, Workflow
 from workflows.integrations import adapters
 from workflows.integrations.openai import call_timeout
 from workflows.integrations.policies import LEDGER_POLICY, MODEL_POLICY, READ_POLICY, WRITE_POLICY
@@ -252,6 +252,9 @@ def send_correction(ctx):
     reconcile=Reconcile.LOOKUP,
     retry=LEDGER_POLICY,
     compensable=True,
+    # A ledger that keeps failing (five failures of one kind in two minutes, across the runs):
+    # the step pauses itself for every run, before one spends its six attempts into review.
+    pause_after=PauseAfter(failures=5, within=timedelta(minutes=2)),
 )
 def post_ledger_entry(ctx):
     return adapters.post_entry(**ctx.intent)
