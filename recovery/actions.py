@@ -48,6 +48,7 @@ class OperatorAction:
     decision: bool = False  # takes an edited decision (JSON) for a model step
     duration: bool = False  # takes how long it lasts, in hours (--hours; its transition's default without)
     version: bool = False  # takes the workflow version to move the run to (--to-version), and --effects-stand
+    waves: bool = False  # makes runs due: in bulk, they may be released in waves (transitions.waves)
     # What it does and what it could send to another system, one sentence each ("{step}": its step),
     # as the run page says it beside the button and ``show_run`` beside the command line.
     does: str = ""
@@ -70,6 +71,7 @@ ACTIONS: dict[str, OperatorAction] = {
             "resume",
             "resume",
             bulk=True,
+            waves=True,
             does="goes on from the last checkpoint: steps that succeeded are kept, a blocked step gets a fresh "
             "retry budget and a held proposal is checked by the guards again",
             sends="a blocked step's request again under the same key (the receiver keeps its first result); "
@@ -92,6 +94,7 @@ ACTIONS: dict[str, OperatorAction] = {
             "unpause",
             "resume",
             bulk=True,
+            waves=True,
             does="the run goes on where it stopped: due at once, or when its step's timer runs out",
             sends="the next step's request when its turn comes, under its own key",
             button="Unpause",
@@ -102,6 +105,7 @@ ACTIONS: dict[str, OperatorAction] = {
             "retry",
             StepArg.REQUIRED,
             bulk=True,
+            waves=True,
             does="tries {step} again now, with a fresh retry budget",
             sends="the same request again under the same key; the receiver keeps its first result",
             confirm=Confirm.IF_UNKNOWN,

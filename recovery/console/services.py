@@ -270,8 +270,18 @@ class BulkResult:
     applied: bool = True  # False for a dry run
     reason: str = ""
     version: int | None = None  # move_version: the version the runs move to
+    waves: transitions.Waves = field(default_factory=transitions.Waves)  # resume, retry, unpause: when due
     notes: dict[str, str] = field(default_factory=dict)  # a dry run: what it would do to a run in ``done``
     facts: dict[str, Any] = field(default_factory=dict)  # a dry run: each run's bulk_facts.RunFacts
+
+    @property
+    def wave_text(self) -> str:
+        """ "in 3 waves of 10, 60 s apart" """
+        return self.waves.text(len(self.done))
+
+    @property
+    def wave_seconds(self) -> int:
+        return int(self.waves.every.total_seconds())
 
     @property
     def selected(self) -> int:
@@ -313,18 +323,29 @@ def bulk_targets(user: AbstractBaseUser) -> list[tuple[int, str]]:
 
 
 def bulk_selection(
-    *, action: str, reason: str, workflow_ids: list[str], all_matching: bool, filters, to_version: str | None = None
+    *,
+    action: str,
+    reason: str,
+    workflow_ids: list[str],
+    all_matching: bool,
+    filters,
+    to_version: str | None = None,
+    wave_size: str | None = None,
+    wave_seconds: str | None = None,
 ) -> tuple:
     """The checked request of a bulk action: (action, reason, the run ids it is about, the
-    version to move them to: None but for move_version). "All matching" becomes the list of ids
-    it means now, so that what is confirmed is what was shown."""
+    version to move them to: None but for move_version, the waves to release them in). "All
+    matching" becomes the list of ids it means now, so that what is confirmed is what was shown."""
     if action not in BULK_ACTIONS:
         raise ValueError(f"bulk action must be one of {', '.join(BULK_ACTIONS)}")
     try:
         reason = transitions.require_reason(reason)  # refused once, not once per run
         version = parse_version(to_version) if ACTIONS[action].version else None
+        waves = transitions.Waves.parse(wave_size, wave_seconds)
     except InvalidTransition as exc:
         raise ValueError(str(exc)) from None
+    if waves.size and not ACTIONS[action].waves:
+        raise ValueError(f"{action} makes no run due: waves are for resume, retry and unpause")
     if ACTIONS[action].version and version is None:
         raise ValueError("choose the version to move the runs to")
     if all_matching:
@@ -338,11 +359,17 @@ def bulk_selection(
     unaddressable = next((w for w in workflow_ids if any(c < " " or c == "\x7f" for c in w)), None)
     if unaddressable is not None:
         raise ValueError(f"a run id cannot contain a line break or another control character: {unaddressable!r}")
-    return action, reason, workflow_ids, version
+    return action, reason, workflow_ids, version, waves
 
 
 def bulk_preview(
-    *, action: str, reason: str, workflow_ids: list[str], actor: AbstractBaseUser, version: int | None = None
+    *,
+    action: str,
+    reason: str,
+    workflow_ids: list[str],
+    actor: AbstractBaseUser,
+    version: int | None = None,
+    waves: transitions.Waves = transitions.Waves(),
 ) -> BulkResult:
     """The dry run: for each run, whether the action would apply now and, if not, why (the
     transitions' own judgement, transitions.why_not; for a move, also versions.move_plan: what
@@ -355,7 +382,7 @@ def bulk_preview(
         steps.setdefault(step.run_id, []).append(step)
     moving = ACTIONS[action].version
     decisions = transitions.accepted_by_run([r.pk for r in runs.values()]) if moving else {}
-    result = BulkResult(action=action, applied=False, reason=reason, version=version if moving else None)
+    result = BulkResult(action=action, applied=False, reason=reason, version=version if moving else None, waves=waves)
     for workflow_id in workflow_ids:
         run = runs.get(workflow_id)
         if run is None:
@@ -407,17 +434,26 @@ def _move(
 
 
 def bulk_apply(
-    *, action: str, reason: str, workflow_ids: list[str], actor: AbstractBaseUser, version: int | None = None
+    *,
+    action: str,
+    reason: str,
+    workflow_ids: list[str],
+    actor: AbstractBaseUser,
+    version: int | None = None,
+    waves: transitions.Waves = transitions.Waves(),
 ) -> BulkResult:
     """Apply one action with one reason to many runs, each in its own transition (and audit
     event; a move to ``version`` only where that version can continue the run, never with
-    effects declared standing). Runs where it is not valid (any more) are listed back, untouched."""
-    result = BulkResult(action=action, reason=reason, version=version)
-    for workflow_id in workflow_ids:
+    effects declared standing; the runs it makes due released in ``waves``, in the order
+    listed). Runs where it is not valid (any more) are listed back, untouched."""
+    result = BulkResult(action=action, reason=reason, version=version, waves=waves)
+    due = waves.due_times(len(workflow_ids), clock.now())
+    for workflow_id, wake_at in zip(workflow_ids, due, strict=True):
         try:
             step = _blocked_step(workflow_id) if ACTIONS[action].step == StepArg.REQUIRED else None
+            when = {"wake_at": wake_at} if wake_at is not None else {}
             transitions.perform(
-                action, workflow_id=workflow_id, step_name=step, actor=actor, reason=reason, version=version
+                action, workflow_id=workflow_id, step_name=step, actor=actor, reason=reason, version=version, **when
             )
             result.done.append(workflow_id)
         except (InvalidTransition, WorkflowRun.DoesNotExist) as exc:

@@ -97,19 +97,21 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
     action applies only when that page's form comes back confirmed, to the runs it listed."""
     filters = selectors.RunFilters.from_params(request.POST)
     try:
-        action, reason, workflow_ids, version = services.bulk_selection(
+        action, reason, workflow_ids, version, waves = services.bulk_selection(
             action=request.POST.get("action", ""),
             reason=request.POST.get("reason", ""),
             workflow_ids=request.POST.getlist("run"),
             all_matching=request.POST.get("all_matching") == "1",
             filters=filters,
             to_version=request.POST.get("to_version"),
+            wave_size=request.POST.get("wave_size"),
+            wave_seconds=request.POST.get("wave_seconds"),
         )
     except ValueError as exc:
         return flash(request, str(exc), status=400)
     if not can(request.user, PERMISSION_OF[action]):
         return flash(request, not_allowed(request, PERMISSION_OF[action], "runs"), status=403)
-    chosen = {"action": action, "reason": reason, "workflow_ids": workflow_ids, "version": version}
+    chosen = {"action": action, "reason": reason, "workflow_ids": workflow_ids, "version": version, "waves": waves}
     if request.POST.get("confirm") == "yes":
         result = services.bulk_apply(**chosen, actor=request.user)
     else:
@@ -302,8 +304,16 @@ def workflow_pauses(request: HttpRequest) -> HttpResponse:
     if perform is None:
         return flash(request, f"unknown action {action!r}", status=400)
     workflow, step = incidents.parse_target(request.POST.get("target", ""))
+    arguments = {
+        "workflow": workflow,
+        "step_name": step,
+        "actor": request.user,
+        "reason": request.POST.get("reason", ""),
+    }
     try:
-        perform(workflow=workflow, step_name=step, actor=request.user, reason=request.POST.get("reason", ""))
+        if action == "unpause":
+            arguments.update(incidents.release_options(request.POST))
+        perform(**arguments)
     except NotPermitted as exc:
         return flash(request, str(exc), status=403)
     except InvalidTransition as exc:

@@ -37,9 +37,9 @@ Columns = tuple[tuple[models.Field, bool], ...]
 @dataclass(frozen=True)
 class Unpaused:
     """A fence item (``fence["unpaused"]``): no pause of ``workflow``, nor of one of ``steps``,
-    is in force (WorkflowPause) as the statement runs. The write of a new attempt carries it, so
-    a supervisor's pause stops every attempt not begun before it was committed, with no read of
-    its own on the executor's path."""
+    is in force (WorkflowPause) as the statement runs — but the one the run was released from as
+    a canary. The write of a new attempt carries it, so a supervisor's pause stops every attempt
+    not begun before it was committed, with no read of its own on the executor's path."""
 
     workflow: str
     steps: tuple[str, ...]
@@ -160,9 +160,12 @@ def _unpaused_sql(steps: int) -> str:
     quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
     table = quote(WorkflowPause._meta.db_table)
     names = ", ".join(["''", *["%s"] * steps])
+    # A run released from a pause in force (a canary: its workflow_pause names it) passes it.
+    run = f"{quote(WorkflowRun._meta.db_table)}.{quote('workflow_pause_id')}"
     return (
         f"NOT EXISTS (SELECT 1 FROM {table} AS p WHERE p.{quote('workflow_name')} = %s"
-        f" AND p.{quote('step_name')} IN ({names}) AND p.{quote('released_at')} IS NULL)"
+        f" AND p.{quote('step_name')} IN ({names}) AND p.{quote('released_at')} IS NULL"
+        f" AND ({run} IS NULL OR p.{quote('id')} <> {run}))"
     )
 
 

@@ -5,6 +5,7 @@ runs' own unpause is not offered; releasing it lets them go on. Refusals change 
 from __future__ import annotations
 
 import html
+from datetime import timedelta
 
 import pytest
 from django.urls import reverse
@@ -96,3 +97,53 @@ def test_bad_pauses_in_the_console_are_refused_and_change_nothing(role, form, st
 def test_only_a_supervisor_sees_the_pause_forms():
     assert 'action="/workflows/pauses"' in text(login("supervisor").get(reverse("console:dashboard")))
     assert 'action="/workflows/pauses"' not in text(login("operator").get(reverse("console:dashboard")))
+
+
+def test_a_supervisor_releases_a_canary_sees_its_outcome_then_releases_the_rest_in_waves(clock):
+    sam = login("supervisor")
+    sam.post(PAUSES, {"action": "pause", "target": "test_orders:post_entry", "reason": "ledger outage"})
+    runs = [drive(started(f"k-{i}"), clock) for i in range(4)]
+    form = {"action": "unpause", "target": "test_orders:post_entry", "reason": "ledger back?", "release": "canary"}
+    assert sam.post(PAUSES, {**form, "canary": "2"}).status_code == 302
+    for run in runs[:2]:
+        assert drive(run, clock).state == RunState.COMPLETED
+    page = text(sam.get(reverse("console:dashboard")))
+    row = page.split('data-pause="test_orders:post_entry"')[1].split("</tr>")[0]
+    assert "<td data-canary>2 completed</td>" in row and '<td class="num">2</td>' in row  # 2 still held
+
+    bad = sam.post(PAUSES, {**form, "release": "all", "wave_size": "2"}, headers={"HX-Request": "true"})
+    assert bad.status_code == 400 and "1 to 3600 seconds" in text(bad)
+    assert WorkflowPause.objects.get().released_at is None
+    done = sam.post(PAUSES, {**form, "release": "all", "wave_size": "1", "wave_seconds": "30"})
+    assert done.status_code == 302 and WorkflowPause.objects.get().released_at is not None
+    waits = [WorkflowRun.objects.get(pk=r.pk).next_wake_at for r in runs[2:]]
+    assert all(w is not None and w > clock.now() for w in waits)  # in waves, not at once
+    assert [drive(r, clock).state for r in runs[2:]] == [RunState.COMPLETED] * 2
+    assert receivers.counts()["ledger"] == 4
+
+
+def test_a_bulk_resume_in_waves_makes_each_run_due_in_its_wave_not_all_at_once(clock):
+    from tests.support.console import confirm, failed_run
+
+    runs = [failed_run(clock, f"bw-{i}") for i in range(3)]
+    receivers.clear()
+    operator = login("operator")
+    ids = [r.workflow_id for r in runs]
+    form = {"action": "resume", "reason": "tracker back", "run": ids, "wave_size": "1", "wave_seconds": "60"}
+    preview = operator.post(reverse("console:bulk"), form)
+    assert "reason “tracker back”, released in 3 waves of 1, 60 s apart)" in text(preview)
+    now = clock.now()
+    done = confirm(operator, preview)
+    assert "3 runs changed, each with its own audit event, released in 3 waves of 1, 60 s apart." in text(done)
+    for wave, run in enumerate(runs):
+        run.refresh_from_db()
+        assert run.state == RunState.PENDING
+        assert now + timedelta(seconds=60 * wave) <= run.next_wake_at < now + timedelta(seconds=60 * (wave + 1))
+        assert run.audit_events.get(action="resume").after["due_at"] == run.next_wake_at.isoformat()
+        assert advance(run.pk, owner="test-executor") is None  # not before its wave
+    assert [drive(r, clock).state for r in runs] == [RunState.COMPLETED] * 3
+
+    bad = login("supervisor").post(reverse("console:bulk"), {**form, "action": "terminate"})
+    assert bad.status_code == 400 and "terminate makes no run due: waves are for resume, retry and unpause" in text(bad)
+    half = operator.post(reverse("console:bulk"), {**form, "wave_seconds": ""})
+    assert half.status_code == 400 and "1 to 3600 seconds between waves" in text(half)

@@ -54,7 +54,10 @@ def test_a_paused_workflow_keeps_new_runs_pending_and_its_release_lets_them_run_
     assert receivers.counts() == NOTHING
 
     released = workflow_unpause(workflow="test_orders", actor=sam, reason="ledger back")
-    assert released["released"] == [] and released["refused"] == {}  # never started: nothing held them
+    assert released["released"] == [queued.workflow_id, claimed.workflow_id] and released["due"] == {}
+    for run in (queued, claimed):  # kept pending, now due: audited on the run
+        unpaused = run.audit_events.get(action="unpause")
+        assert (unpaused.actor, unpaused.reason) == ("sam", "workflow test_orders unpaused: ledger back")
     for run in (queued, claimed):
         assert drive(run, clock).state == RunState.COMPLETED
     assert receivers.counts() == {"task": 2, "message": 2, "ledger": 2, "model_call": 2}
@@ -213,7 +216,10 @@ def test_the_commands_pause_list_and_unpause_through_the_same_transitions(clock)
     call_command(
         "unpause_workflow", "test_orders", "--step", "post_entry", "--reason", "ledger back", "--as", "sam", stdout=out
     )
-    assert out.getvalue() == "unpaused: step post_entry of test_orders; 1 run(s) released\n"
+    assert (
+        out.getvalue()
+        == f"unpaused: step post_entry of test_orders; 1 run(s) released at once\n{run.workflow_id}\tdue now\n"
+    )
     assert drive(run, clock).state == RunState.COMPLETED
     assert receivers.counts()["ledger"] == 1
 

@@ -83,6 +83,7 @@ from .outbox import (
 from .pauses import run_pause, run_pause_reached, run_unpause
 from .perform import perform
 from .performers import PERFORMERS, check_complete
+from .releases import workflow_unpause
 from .runs import (
     Started,
     run_complete,
@@ -121,11 +122,13 @@ from .versions import (
     move_plan,
     run_move_version,
 )
+from .waves import Waves
 from .workflow_pauses import in_force as workflow_pauses_in_force
-from .workflow_pauses import workflow_pause, workflow_pause_if_failing, workflow_unpause
+from .workflow_pauses import workflow_pause, workflow_pause_if_failing
 
 __all__ = [
     "AUTO_PAUSED",
+    "Waves",
     "pausing",
     "paused_text",
     "run_pause",

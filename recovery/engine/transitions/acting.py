@@ -57,6 +57,9 @@ class Act:
     after: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     wake: bool = False  # the run became due: the executor is told once the transaction commits
+    # When a run it releases (``release``) becomes due: None at once; later for a release in waves
+    # (recovery.engine.waves: a recovering receiver is not flooded).
+    wake_at: datetime | None = None
 
     @property
     def step(self) -> StepExecution | None:
@@ -87,11 +90,14 @@ class Act:
         """The run leaves the operator's hands in ``state`` with ``status`` as its reason; due
         again (the executor woken) unless it is stopped for good or waits for a person.
         ``fence``: an executor still holding a lease can write nothing more."""
-        _release_into(self.run, state, reason=status)
+        later = self.wake_at if state == RunState.PENDING and self.wake_at and self.wake_at > self.now else None
+        _release_into(self.run, state, wake_at=later, reason=status)
         if fence:
             self.run.lease_generation += 1
         self.save_run([*RUN_LEASE_FIELDS, "status_reason", *fields])
-        self.wake = self.wake or state == RunState.PENDING
+        self.wake = self.wake or (state == RunState.PENDING and later is None)  # later: the sweeper's
+        if later is not None:
+            self.extra["due_at"] = later.isoformat()
 
 
 @contextmanager
@@ -106,6 +112,7 @@ def acting(
     step_name: str | None = None,
     approval: ApprovalRequest | None = None,
     audit_as: str | None = None,
+    wake_at: datetime | None = None,
 ) -> Iterator[Act]:
     """Open and close the operator transition performing ``action`` (recovery.actions): in one
     transaction, refused before anything changes if the reason, the page's version (``expect``),
@@ -125,6 +132,7 @@ def acting(
             step_name=step_name or "",
             audit_as=audit_as or action,
             before={},
+            wake_at=wake_at,
         )
         act.before = _snap(run, act.step)
         yield act
@@ -149,7 +157,8 @@ def operator_transition(
     """The transition performing ``action`` (``@performs``) from its body alone: the body gets the
     ``Act`` (and the action's own arguments: evidence, hours…) inside ``acting``. Callers use the
     transition as any other: ``run_pause(workflow_id=…, actor=…, reason=…)``, plus ``step_name``
-    for a step's action and ``approval`` for a four-eyes one; it returns the run."""
+    for a step's action, ``approval`` for a four-eyes one and ``wake_at`` for a run released in a
+    wave (due then, not at once); it returns the run."""
 
     def register(body: Callable[..., None]) -> Callable[..., WorkflowRun]:
         @functools.wraps(body)
@@ -162,10 +171,12 @@ def operator_transition(
             now: datetime | None = None,
             step_name: str | None = None,
             approval: ApprovalRequest | None = None,
+            wake_at: datetime | None = None,
             **arguments: Any,
         ) -> WorkflowRun:
             opened = {"workflow_id": workflow_id, "actor": actor, "reason": reason, "expect": expect, "now": now}
-            with acting(action, step_name=step_name, approval=approval, audit_as=audit_as, **opened) as act:
+            step = {"step_name": step_name, "approval": approval, "audit_as": audit_as, "wake_at": wake_at}
+            with acting(action, **step, **opened) as act:
                 body(act, **arguments)
                 return act.run
 

@@ -134,7 +134,8 @@ class Draft:
         if self._paused is None:
             paused = WorkflowPause.objects.filter(workflow_name=self.run.workflow_name, released_at__isnull=True)
             self._paused = list(paused.order_by("step_name"))
-        return next((p for p in self._paused if p.step_name in ("", step_name)), None)
+        exempt = self.run.workflow_pause_id  # a canary, released from that pause in force
+        return next((p for p in self._paused if p.step_name in ("", step_name) and p.pk != exempt), None)
 
     def step(self, name: str) -> StepExecution:
         """The step to change, as this draft has it (a copy of it, made at the first ask)."""

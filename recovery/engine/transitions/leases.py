@@ -94,12 +94,13 @@ def claimable(now: datetime, owner: str | None = None) -> Q:
     if owner is not None:
         free |= Q(reserved_for=owner)
     paused = WorkflowPause.objects.filter(workflow_name=OuterRef("workflow_name"), step_name="", released_at=None)
+    released = Exists(paused.filter(pk=OuterRef("workflow_pause_id")))  # a canary of the pause in force
     # in_progress is implied by the rest; stated, it lets PostgreSQL use run_in_progress_idx.
     return (
         in_progress
         & (
             (Q(state__in=[RunState.WAITING, RunState.COMPENSATING]) & due & unowned)
-            | (Q(state=RunState.PENDING) & due & unowned & ~Exists(paused))
+            | (Q(state=RunState.PENDING) & due & unowned & (~Exists(paused) | released))
             | Q(state=RunState.RUNNING, lease_expires_at__lte=now)
         )
         & free

@@ -44,13 +44,14 @@ def run_pause(act: Act) -> None:
 @operator_transition("unpause", offered=offers.unpausable)
 def run_unpause(act: Act) -> None:
     """Let a paused run go on where it stopped: it is due at once (a step whose timer has not run
-    out waits for it). A pause not reached yet is withdrawn: its executor goes on."""
+    out waits for it), or at ``wake_at`` in a release in waves. A pause not reached yet is
+    withdrawn: its executor goes on."""
     run = act.run
     act.before = {**_snap(run), "paused_by": run.paused_by}
     run.paused_at, run.paused_by, run.pause_reason = None, None, None
     if run.state == RunState.PAUSED:
         _check(RUN_TRANSITIONS, "unpause", run.state, "run")
-        run.workflow_pause_id = None  # a workflow's pause released it (transitions.workflow_pauses)
+        run.workflow_pause_id = None  # released with its workflow's pause, or never held by one
         act.release(RunState.PENDING, f"unpaused by {act.who}", fields=(*PAUSE_FIELDS, "workflow_pause_id"))
     else:  # asked for while an executor held it, not reached yet
         act.save_run(list(PAUSE_FIELDS))

@@ -34,6 +34,7 @@ def perform(
     hours: float | None = None,
     version: int | None = None,
     effects_stand: bool = False,
+    wake_at: datetime | None = None,
 ) -> WorkflowRun:
     """Perform ``action`` through its transition, which checks the run's state, the reason,
     the page's version (``expect``) and the four-eyes rule. A person's role is checked here
@@ -69,6 +70,10 @@ def perform(
         arguments.update(version=version, effects_stand=effects_stand)
     elif version is not None:
         raise InvalidTransition(f"{action} takes no version")
+    if spec.waves:
+        arguments["wake_at"] = wake_at  # a run released in a wave: due then (transitions.waves)
+    elif wake_at is not None:
+        raise InvalidTransition(f"{action} makes no run due: it has no wave to be released in")
     if approval is not None:
         arguments["approval"] = approval
     run = performed_by.transition(**arguments)

@@ -10,15 +10,14 @@ of a new attempt carries the condition that no such pause is in force (``storage
 and misses if one is; the executor then decides again under the run's lock, where the draft
 reads the pauses in force (``Draft.workflow_pause``), and writes the run's pause instead.
 
-Unpausing releases the pause, then each run it holds, one by one, through the operator's own
-``unpause`` (audited on each run with who released it and why). A step whose effect commits in
+Unpausing releases the pause and the runs it holds (transitions.releases): at once, in waves, or
+first a canary of a few while the pause stays in force. A step whose effect commits in
 our own database with its outcome (``local=True``) makes no attempt to stop before: pausing one
 is refused, and a paused workflow's local steps run up to its next call."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
@@ -26,13 +25,12 @@ from django.db import IntegrityError, transaction
 from recovery import clock, permissions
 from recovery.contract import PauseAfter
 from recovery.errors import InvalidTransition, NotPermitted
-from recovery.models import AuditEvent, RunState, WorkflowPause, WorkflowRun
+from recovery.models import AuditEvent, WorkflowPause, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.registry import all_versions
 from recovery.states import AuditAction
 
 from ._core import _actor_fields, require_reason
-from .pauses import run_unpause
 
 # A failed attempt of a step, in its audit trail: failed (then retried, or not), or its outcome unknown.
 FAILED_ATTEMPTS = [AuditAction.STEP_FAIL.value, AuditAction.STEP_UNKNOWN.value]
@@ -109,38 +107,6 @@ def workflow_pause_if_failing(
         return None
 
 
-def workflow_unpause(
-    *, workflow: str, step_name: str = "", actor: AbstractBaseUser | str, reason: str, now: datetime | None = None
-) -> dict[str, Any]:
-    """Release the pause in force of ``workflow`` (or of its step ``step_name``), then each run it
-    holds (``unpause``, audited on the run). Returns the pause and what became of its runs:
-    ``{"pause", "released": [workflow ids], "refused": {workflow id: why}}``."""
-    reason = require_reason(reason)
-    _require_supervisor(actor, "unpause a workflow")
-    now = now or clock.now()
-    with transaction.atomic():
-        pause = (
-            WorkflowPause.objects.select_for_update()
-            .filter(workflow_name=workflow, step_name=step_name, released_at__isnull=True)
-            .first()
-        )
-        if pause is None:
-            scope = f"step {step_name} of {workflow}" if step_name else f"workflow {workflow}"
-            raise InvalidTransition(f"{scope} is not paused")
-        pause.released_at, pause.released_by = now, _actor_fields(actor)["actor"]
-        pause.release_reason = redact_text(reason)
-        pause.save(update_fields=["released_at", "released_by", "release_reason"])
-    held = WorkflowRun.objects.filter(workflow_pause=pause, state=RunState.PAUSED).order_by("pk")
-    released, refused = [], {}
-    for workflow_id in held.values_list("workflow_id", flat=True):
-        try:
-            run_unpause(workflow_id=workflow_id, actor=actor, reason=f"{pause.scope} unpaused: {reason}", now=now)
-            released.append(workflow_id)
-        except (InvalidTransition, NotPermitted) as exc:  # changed meanwhile (terminated, say)
-            refused[workflow_id] = str(exc)
-    return {"pause": pause, "released": released, "refused": refused}
-
-
 def _require_supervisor(actor: AbstractBaseUser | str, doing: str) -> None:
     if isinstance(actor, str) or permissions.can(actor, "pause_workflow"):
         return  # a system's label (an alert policy, the API's token) was checked where it came in
@@ -165,9 +131,14 @@ def _check_scope(workflow: str, step_name: str) -> None:
         )
 
 
+def scope_text(workflow: str, step_name: str = "") -> str:
+    """ "workflow invoice", "step post_ledger_entry of invoice" (WorkflowPause.scope)."""
+    return f"step {step_name} of {workflow}" if step_name else f"workflow {workflow}"
+
+
 def _already(workflow: str, step_name: str) -> str:
     pause = WorkflowPause.objects.filter(workflow_name=workflow, step_name=step_name, released_at=None).first()
-    scope = f"step {step_name} of {workflow}" if step_name else f"workflow {workflow}"
+    scope = scope_text(workflow, step_name)
     if pause is None:
         return f"{scope} is paused already"
     return f"{scope} is paused already, by {pause.paused_by} at {clock.time_of_day(pause.paused_at)}: {pause.reason}"
