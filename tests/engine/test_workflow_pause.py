@@ -254,3 +254,16 @@ def test_the_runs_list_says_which_runs_a_pause_holds_and_keeps_pending_in_one_qu
         "recovery_approvalrequest",
         "recovery_workflowpause",
     ]
+
+
+def test_show_run_wait_returns_for_a_run_kept_pending_by_its_workflows_pause(clock):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    workflow_pause(workflow="test_orders", actor=person("sam"), reason="tracker outage")
+    run = started("w-11")
+    out = StringIO()
+    call_command("show_run", run.workflow_id, "--wait", "600", stdout=out)  # rests: returns at once, exit 0
+    assert out.getvalue().split()[1] == "pending"
+    assert "kept pending: workflow test_orders paused by sam at " in out.getvalue()
