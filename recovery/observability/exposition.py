@@ -12,6 +12,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.samples import Sample
 
 from recovery import clock, counts
+from recovery.models import WorkflowPause
 from recovery.registry import has as deployed_here
 from recovery.workflow import all_workflows
 
@@ -21,7 +22,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class DatabaseGauges:
     """``recovery_runs``, ``recovery_stuck_runs`` (each series capped at counts.COUNT_CAP: a
     value of 10000 means at least that many), ``recovery_unfinished_runs`` per version and
-    ``recovery_outbox_oldest_undelivered_seconds``, read at scrape time in three statements."""
+    ``recovery_outbox_oldest_undelivered_seconds`` and ``recovery_paused_since_seconds``, read at
+    scrape time in four statements."""
 
     def collect(self) -> Iterator[Metric]:
         now = clock.now()
@@ -49,6 +51,16 @@ class DatabaseGauges:
             deployed = "true" if deployed_here(row["workflow"], row["version"]) else "false"
             unfinished.add_metric([row["workflow"], str(row["version"]), deployed], row["runs"])
         yield unfinished
+        paused = GaugeMetricFamily(
+            "recovery_paused_since_seconds",
+            "Pauses in force of a workflow (step \"\") or of one of its steps, by who paused it (\"automatic\": the "
+            "step paused itself, pause_after; else \"supervisor\"): how long each has been in force.",
+            labels=["workflow", "step", "by"],
+        )
+        for pause in WorkflowPause.objects.filter(released_at__isnull=True):
+            by = "automatic" if pause.automatic else "supervisor"
+            paused.add_metric([pause.workflow_name, pause.step_name, by], (now - pause.paused_at).total_seconds())
+        yield paused
         yield GaugeMetricFamily(
             "recovery_outbox_oldest_undelivered_seconds",
             "Age of the oldest outbox message not yet delivered (0 when none is waiting).",

@@ -119,3 +119,18 @@ def test_the_alert_of_a_paused_step_points_to_the_incident_not_to_one_run(clock,
     assert data["paused"] == "step post_entry of test_orders" and data["url"].endswith("/dashboard#workflow-pauses")
     raised = AuditEvent.objects.get(action="alert_raised")
     assert raised.run_id == alert.run_id and raised.reason.startswith("step post_entry of test_orders paused by itself")
+
+
+def test_metrics_say_how_long_each_pause_has_held(clock, policy):
+    from recovery.engine.transitions import workflow_pause
+    from recovery.observability.exposition import DatabaseGauges
+
+    receivers.arm("ledger", "unavailable", times=100)
+    drive(started("e-1"), clock)  # the ledger step pauses itself
+    workflow_pause(workflow="test_orders", step_name="notify", actor=person("sam"), reason="chat outage")
+    clock.advance(90)
+    family = next(f for f in DatabaseGauges().collect() if f.name == "recovery_paused_since_seconds")
+    held = {(s.labels["step"], s.labels["by"]): s.value for s in family.samples}
+    auto = WorkflowPause.objects.get(automatic=True)
+    since = (clock.now() - auto.paused_at).total_seconds()
+    assert since >= 90 and held == {("notify", "supervisor"): 90.0, ("post_entry", "automatic"): since}
