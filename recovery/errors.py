@@ -105,6 +105,10 @@ class RunChanged(InvalidTransition):
     """An operator acted on a stale page: the run changed since it was loaded."""
 
 
+class PauseConflict(InvalidTransition):
+    """Pausing what is paused already, or releasing what is not paused (an API answers 409)."""
+
+
 class ApprovalRequired(InvalidTransition):
     """The workflow puts this action behind a second supervisor (four-eyes): request it."""
 

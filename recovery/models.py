@@ -364,6 +364,8 @@ class ApiToken(models.Model):
     token_hash = models.CharField(max_length=64, unique=True)  # sha256 hex of the token
     prefix = models.CharField(max_length=8)  # the token's first characters, to tell tokens apart
     workflow_name = models.CharField(max_length=100)  # the one workflow it may start
+    # It may also pause and release that workflow (or a step of it) during an incident (recovery.api.incidents).
+    may_pause = models.BooleanField(default=False)
     created_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

@@ -26,10 +26,13 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def issue_token(*, name: str, workflow_name: str, now: datetime | None = None) -> tuple[ApiToken, str]:
-    """Create a token that may start runs of ``workflow_name`` and return it with the token
-    itself, which is not stored and cannot be shown again. Raises LookupError for an unknown
-    workflow and ValueError for an empty or taken name; writes nothing then."""
+def issue_token(
+    *, name: str, workflow_name: str, may_pause: bool = False, now: datetime | None = None
+) -> tuple[ApiToken, str]:
+    """Create a token that may start runs of ``workflow_name`` (and, ``may_pause``, pause and
+    release it) and return it with the token itself, which is not stored and cannot be shown
+    again. Raises LookupError for an unknown workflow and ValueError for an empty or taken name;
+    writes nothing then."""
     name = name.strip()
     if not name:
         raise ValueError("a token needs a name")
@@ -42,6 +45,7 @@ def issue_token(*, name: str, workflow_name: str, now: datetime | None = None) -
                 token_hash=hash_token(token),
                 prefix=token[:8],
                 workflow_name=workflow.name,
+                may_pause=may_pause,
                 created_at=now or timezone.now(),
             )
     except IntegrityError:
@@ -75,6 +79,10 @@ def authenticate(token: str | None, *, now: datetime | None = None) -> ApiToken 
 
 def may_start(token: ApiToken, workflow_name: str) -> bool:
     return token.workflow_name == workflow_name
+
+
+def may_pause(token: ApiToken, workflow_name: str) -> bool:
+    return token.may_pause and token.workflow_name == workflow_name
 
 
 def bearer_token(authorization: str | None) -> str | None:

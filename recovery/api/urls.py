@@ -2,10 +2,14 @@
 
 from django.urls import path
 
+from recovery.api import incidents
 from recovery.api import views as api
 
 app_name = "api"
 
 urlpatterns = [
     path("events/<str:workflow_name>", api.events, name="events"),
+    path("workflows/<str:workflow_name>/pauses", incidents.pauses, name="workflow-pauses"),
+    path("workflows/<str:workflow_name>/pause", incidents.pause, name="workflow-pause"),
+    path("workflows/<str:workflow_name>/unpause", incidents.unpause, name="workflow-unpause"),
 ]

@@ -25,7 +25,7 @@ from recovery.engine.transitions import (
     workflow_pause,
     workflow_unpause,
 )
-from recovery.errors import InvalidTransition, NotPermitted, RunChanged
+from recovery.errors import InvalidTransition, NotPermitted, PauseConflict, RunChanged
 from recovery.http import flash, not_allowed, permission_required, require_POST, require_safe
 from recovery.models import RunState, StepState, WorkflowRun
 from recovery.permissions import can, role_of
@@ -316,6 +316,8 @@ def workflow_pauses(request: HttpRequest) -> HttpResponse:
         perform(**arguments)
     except NotPermitted as exc:
         return flash(request, str(exc), status=403)
+    except PauseConflict as exc:  # paused already, or not paused: someone else was first
+        return flash(request, str(exc), status=409)
     except InvalidTransition as exc:
         return flash(request, str(exc), status=400)
     return redirect(reverse("console:dashboard") + "#workflow-pauses")

@@ -53,8 +53,8 @@ class DatabaseGauges:
         yield unfinished
         paused = GaugeMetricFamily(
             "recovery_paused_since_seconds",
-            "Pauses in force of a workflow (step \"\") or of one of its steps, by who paused it (\"automatic\": the "
-            "step paused itself, pause_after; else \"supervisor\"): how long each has been in force.",
+            'Pauses in force of a workflow (step "") or of one of its steps, by who paused it ("automatic": the '
+            'step paused itself, pause_after; else "supervisor"): how long each has been in force.',
             labels=["workflow", "step", "by"],
         )
         for pause in WorkflowPause.objects.filter(released_at__isnull=True):

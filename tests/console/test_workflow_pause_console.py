@@ -82,8 +82,8 @@ def test_a_whole_workflow_paused_shows_the_new_runs_it_keeps_pending(clock):
         ("supervisor", {"action": "pause", "target": "nope", "reason": "x"}, 400, "no workflow 'nope' is deployed"),
         ("supervisor", {"action": "pause", "target": "test_orders:nope", "reason": "x"}, 400, "has no step 'nope'"),
         ("supervisor", {"action": "pause", "target": "test_orders", "reason": " "}, 400, "a reason is required"),
-        ("supervisor", {"action": "pause", "target": "test_orders:notify", "reason": "x"}, 400, "paused already"),
-        ("supervisor", {"action": "unpause", "target": "test_orders", "reason": "x"}, 400, "is not paused"),
+        ("supervisor", {"action": "pause", "target": "test_orders:notify", "reason": "x"}, 409, "paused already"),
+        ("supervisor", {"action": "unpause", "target": "test_orders", "reason": "x"}, 409, "is not paused"),
     ],
 )
 def test_bad_pauses_in_the_console_are_refused_and_change_nothing(role, form, status, message):

@@ -18,7 +18,7 @@ from django.db import transaction
 
 from recovery import clock
 from recovery.engine import dispatch
-from recovery.errors import InvalidTransition
+from recovery.errors import InvalidTransition, PauseConflict
 from recovery.models import RunState, WorkflowPause, WorkflowRun
 from recovery.redaction import redact_text
 
@@ -58,7 +58,7 @@ def workflow_unpause(
             .first()
         )
         if pause is None:
-            raise InvalidTransition(f"{scope_text(workflow, step_name)} is not paused")
+            raise PauseConflict(f"{scope_text(workflow, step_name)} is not paused")
         if not canary:
             pause.released_at, pause.released_by, pause.release_reason = now, who, redact_text(reason)
             pause.save(update_fields=["released_at", "released_by", "release_reason"])

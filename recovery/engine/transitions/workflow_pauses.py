@@ -24,7 +24,7 @@ from django.db import IntegrityError, transaction
 
 from recovery import clock, permissions
 from recovery.contract import PauseAfter
-from recovery.errors import InvalidTransition, NotPermitted
+from recovery.errors import InvalidTransition, NotPermitted, PauseConflict
 from recovery.models import AuditEvent, WorkflowPause, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.registry import all_versions
@@ -64,7 +64,7 @@ def workflow_pause(
                 paused_at=now or clock.now(),
             )
     except IntegrityError:  # one_pause_in_force: someone paused it first
-        raise InvalidTransition(_already(workflow, step_name)) from None
+        raise PauseConflict(_already(workflow, step_name)) from None
 
 
 AUTO_PAUSE = "auto-pause"  # who paused a step by itself (a step's ``pause_after`` policy)

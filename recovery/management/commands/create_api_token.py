@@ -10,10 +10,15 @@ class Command(RecoveryCommand):
     def add_arguments(self, parser):
         parser.add_argument("name", help="a unique name for the token, e.g. the system that will use it")
         parser.add_argument("--workflow", required=True, help="the one workflow this token may start")
+        parser.add_argument(
+            "--may-pause",
+            action="store_true",
+            help="it may also pause and release that workflow, or a step of it (POST /api/workflows/NAME/pause)",
+        )
 
-    def handle(self, *args, name, workflow, **options):
+    def handle(self, *args, name, workflow, may_pause, **options):
         try:
-            _, token = issue_token(name=name, workflow_name=workflow)
+            _, token = issue_token(name=name, workflow_name=workflow, may_pause=may_pause)
         except (LookupError, ValueError) as exc:
             raise CommandError(" ".join(str(exc).split())) from None
         self.stdout.write(token)
