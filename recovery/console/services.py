@@ -322,6 +322,18 @@ def bulk_targets(user: AbstractBaseUser) -> list[tuple[int, str]]:
     ]
 
 
+@dataclass(frozen=True)
+class BulkRequest:
+    """A bulk action as checked (``bulk_selection``): what the dry run shows and the confirmation
+    applies — the action, its reason, the runs, the version of a move, the waves of a release."""
+
+    action: str
+    reason: str
+    workflow_ids: list[str]
+    version: int | None = None
+    waves: transitions.Waves = field(default_factory=transitions.Waves)
+
+
 def bulk_selection(
     *,
     action: str,
@@ -332,10 +344,10 @@ def bulk_selection(
     to_version: str | None = None,
     wave_size: str | None = None,
     wave_seconds: str | None = None,
-) -> tuple:
-    """The checked request of a bulk action: (action, reason, the run ids it is about, the
-    version to move them to: None but for move_version, the waves to release them in). "All
-    matching" becomes the list of ids it means now, so that what is confirmed is what was shown."""
+) -> BulkRequest:
+    """The checked request of a bulk action: the run ids it is about, the version to move them
+    to (None but for move_version), the waves to release them in. "All matching" becomes the
+    list of ids it means now, so that what is confirmed is what was shown."""
     if action not in BULK_ACTIONS:
         raise ValueError(f"bulk action must be one of {', '.join(BULK_ACTIONS)}")
     try:
@@ -359,22 +371,15 @@ def bulk_selection(
     unaddressable = next((w for w in workflow_ids if any(c < " " or c == "\x7f" for c in w)), None)
     if unaddressable is not None:
         raise ValueError(f"a run id cannot contain a line break or another control character: {unaddressable!r}")
-    return action, reason, workflow_ids, version, waves
+    return BulkRequest(action, reason, workflow_ids, version, waves)
 
 
-def bulk_preview(
-    *,
-    action: str,
-    reason: str,
-    workflow_ids: list[str],
-    actor: AbstractBaseUser,
-    version: int | None = None,
-    waves: transitions.Waves = transitions.Waves(),
-) -> BulkResult:
+def bulk_preview(bulk: BulkRequest, *, actor: AbstractBaseUser) -> BulkResult:
     """The dry run: for each run, whether the action would apply now and, if not, why (the
     transitions' own judgement, transitions.why_not; for a move, also versions.move_plan: what
     the move would do, or the step the target cannot continue). Three queries whatever the
     number of runs (a move: four), and bulk_facts' one (state, causes, effects); nothing is written."""
+    action, reason, workflow_ids, version = bulk.action, bulk.reason, bulk.workflow_ids, bulk.version
     now = clock.now()
     runs = {r.workflow_id: r for r in WorkflowRun.objects.filter(workflow_id__in=workflow_ids)}
     steps: dict[int, list[StepExecution]] = {}
@@ -382,7 +387,9 @@ def bulk_preview(
         steps.setdefault(step.run_id, []).append(step)
     moving = ACTIONS[action].version
     decisions = transitions.accepted_by_run([r.pk for r in runs.values()]) if moving else {}
-    result = BulkResult(action=action, applied=False, reason=reason, version=version if moving else None, waves=waves)
+    result = BulkResult(
+        action=action, applied=False, reason=reason, version=version if moving else None, waves=bulk.waves
+    )
     for workflow_id in workflow_ids:
         run = runs.get(workflow_id)
         if run is None:
@@ -433,21 +440,14 @@ def _move(
     return plan.summary(), ""
 
 
-def bulk_apply(
-    *,
-    action: str,
-    reason: str,
-    workflow_ids: list[str],
-    actor: AbstractBaseUser,
-    version: int | None = None,
-    waves: transitions.Waves = transitions.Waves(),
-) -> BulkResult:
+def bulk_apply(bulk: BulkRequest, *, actor: AbstractBaseUser) -> BulkResult:
     """Apply one action with one reason to many runs, each in its own transition (and audit
     event; a move to ``version`` only where that version can continue the run, never with
     effects declared standing; the runs it makes due released in ``waves``, in the order
     listed). Runs where it is not valid (any more) are listed back, untouched."""
-    result = BulkResult(action=action, reason=reason, version=version, waves=waves)
-    due = waves.due_times(len(workflow_ids), clock.now())
+    action, reason, workflow_ids, version = bulk.action, bulk.reason, bulk.workflow_ids, bulk.version
+    result = BulkResult(action=action, reason=reason, version=version, waves=bulk.waves)
+    due = bulk.waves.due_times(len(workflow_ids), clock.now())
     for workflow_id, wake_at in zip(workflow_ids, due, strict=True):
         try:
             step = _blocked_step(workflow_id) if ACTIONS[action].step == StepArg.REQUIRED else None

@@ -97,7 +97,7 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
     action applies only when that page's form comes back confirmed, to the runs it listed."""
     filters = selectors.RunFilters.from_params(request.POST)
     try:
-        action, reason, workflow_ids, version, waves = services.bulk_selection(
+        bulk = services.bulk_selection(
             action=request.POST.get("action", ""),
             reason=request.POST.get("reason", ""),
             workflow_ids=request.POST.getlist("run"),
@@ -109,13 +109,12 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
         )
     except ValueError as exc:
         return flash(request, str(exc), status=400)
-    if not can(request.user, PERMISSION_OF[action]):
-        return flash(request, not_allowed(request, PERMISSION_OF[action], "runs"), status=403)
-    chosen = {"action": action, "reason": reason, "workflow_ids": workflow_ids, "version": version, "waves": waves}
+    if not can(request.user, PERMISSION_OF[bulk.action]):
+        return flash(request, not_allowed(request, PERMISSION_OF[bulk.action], "runs"), status=403)
     if request.POST.get("confirm") == "yes":
-        result = services.bulk_apply(**chosen, actor=request.user)
+        result = services.bulk_apply(bulk, actor=request.user)
     else:
-        result = services.bulk_preview(**chosen, actor=request.user)
+        result = services.bulk_preview(bulk, actor=request.user)
     return render(request, "console/bulk_result.html", {"result": result, "back": filters.query()})
 
 

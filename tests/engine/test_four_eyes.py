@@ -227,11 +227,12 @@ def test_bulk_terminate_never_bypasses_four_eyes(clock, people):
     plain = drive(run_start(workflow="test_orders", data={"tenant": "t", "order_id": "bulk-p"})[0], clock)
     assert plain.state == RunState.FAILED
     ids = [guarded.workflow_id, plain.workflow_id]
-    preview = services.bulk_preview(action="terminate", reason="clean up", workflow_ids=ids, actor=people["alice"])
+    bulk = services.BulkRequest(action="terminate", reason="clean up", workflow_ids=ids)
+    preview = services.bulk_preview(bulk, actor=people["alice"])
     assert preview.done == [plain.workflow_id]  # the dry run says so before anything is tried
     assert [w for w, _ in preview.refused] == [guarded.workflow_id] and "second supervisor" in preview.refused[0][1]
     # Even confirmed with both (a forged confirmation), the guarded run is refused.
-    result = services.bulk_apply(action="terminate", reason="clean up", workflow_ids=ids, actor=people["alice"])
+    result = services.bulk_apply(bulk, actor=people["alice"])
     assert result.done == [plain.workflow_id]
     assert [w for w, _ in result.refused] == [guarded.workflow_id] and "second supervisor" in result.refused[0][1]
     assert WorkflowRun.objects.get(pk=guarded.pk).state == RunState.FAILED
