@@ -466,13 +466,14 @@ def _claim_sql(pick_sql: str, moves: tuple[int, ...]) -> tuple[str, Fields, Fiel
 
 
 def start(
-    run: models.Model, steps: list[models.Model], events: list[dict[str, Any]]
+    run: models.Model, steps: list[models.Model], events: list[dict[str, Any]], *, unless_paused: bool = False
 ) -> tuple[int, dict[int, int]] | None:
     """PostgreSQL only: a run's start as one statement (one round trip, its own transaction in
     autocommit) — the run (unless one with its workflow id exists), its steps and its audit
     events (each without ``run``, all with the same columns; chained in this order), each
     written only with the one before. Returns the new run's id and its steps' ids by position,
-    or None if the workflow id was taken: then nothing was written.
+    or None if the workflow id was taken (or, ``unless_paused``, a pause of the run's workflow
+    or of one of its steps is in force: a claimed start): then nothing was written.
 
     The steps go as one parameter, a JSON document of their rows (``_step_rows``) that
     PostgreSQL expands with ``json_populate_recordset``: the statement's text does not depend on
@@ -482,8 +483,10 @@ def start(
     chain trigger hashes the events' ``before`` and ``after`` as they are written)."""
     connection = connections[DEFAULT_DB_ALIAS]
     audit_names = tuple(sorted(events[0]))
-    sql, run_fields, step_fields, audit_fields = _start_sql(len(events), audit_names)
+    sql, run_fields, step_fields, audit_fields = _start_sql(len(events), audit_names, unless_paused)
     params = _row(connection, run, run_fields)  # in the statement's order: the run, its events, its steps
+    if unless_paused:
+        params.append(run.workflow_name)
     for event in events:
         params.extend(_params(connection, audit_names, audit_fields, event))
     params.append(_step_rows(step_fields, (vars(step) for step in steps)))  # a model keeps its values by attname
@@ -548,8 +551,11 @@ def _document_columns(model: type[models.Model], *, without: str = "") -> Column
 
 
 @cache
-def _start_sql(events: int, audit_names: tuple[str, ...]) -> tuple[str, Columns, Columns, Columns]:
-    """The start statement for ``events`` audit events of these columns, for any number of steps."""
+def _start_sql(
+    events: int, audit_names: tuple[str, ...], unless_paused: bool = False
+) -> tuple[str, Columns, Columns, Columns]:
+    """The start statement for ``events`` audit events of these columns, for any number of steps;
+    ``unless_paused``: its run is written only while no pause of its workflow is in force."""
     connection = connections[DEFAULT_DB_ALIAS]
     quote = connection.ops.quote_name
     run_fields = _written(WorkflowRun)
@@ -565,9 +571,16 @@ def _start_sql(events: int, audit_names: tuple[str, ...]) -> tuple[str, Columns,
     # The events are chained in the order the database inserts them (the chain trigger reads the
     # run's last event), which is the order of their VALUES rows: there is one new run. The steps
     # are inserted in the order of the document's rows.
+    values = f"VALUES ({', '.join(['%s'] * len(run_fields))})"
+    if unless_paused:  # typed: in INSERT … SELECT an untyped parameter would be taken as text
+        typed_run = ", ".join(f"CAST(%s AS {field.db_type(connection)})" for field, _ in run_fields)
+        pauses = quote(WorkflowPause._meta.db_table)
+        values = (
+            f"SELECT {typed_run} WHERE NOT EXISTS (SELECT 1 FROM {pauses} WHERE {quote('workflow_name')} = "
+            f"CAST(%s AS varchar) AND {quote('released_at')} IS NULL)"
+        )
     sql = (
-        f"WITH new_run AS (INSERT INTO {quote(WorkflowRun._meta.db_table)} ({names(run_fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(run_fields))}) "
+        f"WITH new_run AS (INSERT INTO {quote(WorkflowRun._meta.db_table)} ({names(run_fields)}) {values} "
         f'ON CONFLICT ("workflow_id") DO NOTHING RETURNING "id"), '
         f"new_events AS (INSERT INTO {quote(AuditEvent._meta.db_table)} "
         f'("run_id", {names(audit_fields)}) SELECT new_run."id", e.* '

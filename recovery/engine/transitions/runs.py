@@ -89,12 +89,12 @@ def run_start_claimed(
     it is returned as it is, for whoever holds it or may claim it; and when a supervisor's pause
     of the workflow (or of one of its steps) is in force: the run is then started pending, for
     the claim that may take it (``leases.claimable``) to take it."""
-    name = workflow if isinstance(workflow, str) else workflow.name
-    if WorkflowPause.objects.filter(workflow_name=name, released_at=None).exists():
+    owner = owner or default_owner()
+    try:
+        run, steps, begun = _start(workflow, data, actor, now, owner=owner, first=first)
+    except _Paused:  # nothing was written: started as any event is, pending
         run, _, _ = _start(workflow, data, actor, now)
         return run, None
-    owner = owner or default_owner()
-    run, steps, begun = _start(workflow, data, actor, now, owner=owner, first=first)
     if steps is None:
         return run, None
     seen = _copy(run, steps)
@@ -128,11 +128,15 @@ def _start(
         if call is not None:
             begun = _begin_first(run, new_steps, *call, now, events)
     with transaction.atomic() if dispatch.queues() else nullcontext():
-        steps = _insert(run, new_steps, events, now)
+        steps = _insert(run, new_steps, events, now, unless_paused=owner is not None)
         if steps is not None and reserve is None and owner is None:
             dispatch.enqueue_run(run.pk)  # a reserved or claimed run is driven by its executor
     if steps is None:
-        run = WorkflowRun.objects.get(workflow_id=event.workflow_id)
+        run = WorkflowRun.objects.filter(workflow_id=event.workflow_id).first()
+        if run is None and owner is not None:  # not written: a pause of its workflow is in force
+            raise _Paused
+        if run is None:
+            raise WorkflowRun.DoesNotExist(event.workflow_id)
         if not _same_input(run, event):
             raise _conflict(event.workflow_id)
         return run, None, ""
@@ -168,18 +172,23 @@ def _begin_first(
     return step_name
 
 
+class _Paused(Exception):
+    """A claimed start found a pause of its workflow (or of one of its steps) in force."""
+
+
 def _insert(
-    run: WorkflowRun, steps: list[StepExecution], events: list[_StartEvent], now: datetime
+    run: WorkflowRun, steps: list[StepExecution], events: list[_StartEvent], now: datetime, *, unless_paused: bool
 ) -> list[StepExecution] | None:
     """Write a new run, its steps and its audit events, unless a run with its workflow id exists
-    (then nothing, and None). The engine's insert saves no version of the run: the start event
-    says who started it (see _history_user)."""
+    — or, ``unless_paused`` (a claimed start), a pause of its workflow or of one of its steps is
+    in force, checked by the same statement (then nothing, and None). The engine's insert saves
+    no version of the run: the start event says who started it (see _history_user)."""
     insert = _insert_in_one_statement if connection.vendor == "postgresql" else _insert_in_transaction
-    return steps if insert(run, steps, events, now) else None
+    return steps if insert(run, steps, events, now, unless_paused) else None
 
 
 def _insert_in_one_statement(
-    run: WorkflowRun, steps: list[StepExecution], events: list[_StartEvent], now: datetime
+    run: WorkflowRun, steps: list[StepExecution], events: list[_StartEvent], now: datetime, unless_paused: bool
 ) -> bool:
     """PostgreSQL: one round trip (storage.start)."""
     rows = []
@@ -187,7 +196,7 @@ def _insert_in_one_statement(
         row = _audit_row(run, action, who, step_name, "", before, after, now)
         del row["run_id"]
         rows.append(row)
-    written = storage.start(run, steps, rows)
+    written = storage.start(run, steps, rows, unless_paused=unless_paused)
     if written is None:
         return False
     run.pk, step_pks = written
@@ -199,11 +208,14 @@ def _insert_in_one_statement(
 
 
 def _insert_in_transaction(
-    run: WorkflowRun, steps: list[StepExecution], events: list[_StartEvent], now: datetime
+    run: WorkflowRun, steps: list[StepExecution], events: list[_StartEvent], now: datetime, unless_paused: bool
 ) -> bool:
     """Any database: a transaction of inserts; the unique workflow id refuses a second run."""
     try:
         with transaction.atomic():
+            paused = WorkflowPause.objects.filter(workflow_name=run.workflow_name, released_at=None)
+            if unless_paused and paused.exists():
+                return False
             WorkflowRun.objects.bulk_create([run])
             StepExecution.objects.bulk_create(steps)
             for action, who, before, after, step_name in events:
