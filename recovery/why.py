@@ -114,7 +114,7 @@ def why_not_moving(
     if state == RunState.PENDING:
         if workflow_paused is False:
             workflow_paused = whole_pauses([run]).get(run.workflow_name)
-        if workflow_paused is not None:
+        if workflow_paused is not None and run.workflow_pause_id != workflow_paused.pk:  # not a canary of it
             p = workflow_paused
             return (
                 f"kept pending: workflow {p.workflow_name} paused by {p.paused_by} at {_at(p.paused_at)}: {p.reason}; "

@@ -33,6 +33,7 @@ def pauses() -> list[dict[str, Any]]:
     whole = [p.workflow_name for p in found if not p.step_name]
     pending = dict(
         WorkflowRun.objects.filter(state=RunState.PENDING, workflow_name__in=whole)
+        .exclude(workflow_pause__in=found)  # its canaries, released
         .values_list("workflow_name")
         .annotate(n=Count("id"))
     )

@@ -161,3 +161,23 @@ def test_bad_releases_are_refused_and_change_nothing(clock):
         f"canary: 1 run(s) of step post_entry of test_orders released; the pause stays in force\n"
         f"{run.workflow_id}\tdue now\n"
     )
+
+
+def test_a_canary_paused_by_an_operator_is_held_again_by_the_workflows_pause_once_unpaused(clock):
+    from recovery import why
+    from recovery.engine.transitions import run_pause, run_unpause
+
+    sam, olga = person("sam"), person("olga", "operator")
+    workflow_pause(workflow="test_orders", actor=sam, reason="tracker outage")
+    runs = [started(f"o-{i}") for i in range(2)]
+    workflow_unpause(workflow="test_orders", actor=sam, reason="one first", canary=1)
+    canary = WorkflowRun.objects.get(pk=runs[0].pk)
+    said = why.why_not_moving(canary, [], now=clock.now(), executor_live=True)
+    assert said == "due now: waiting for an executor to claim it"  # a canary is not kept pending
+    run_pause(workflow_id=canary.workflow_id, actor=olga, reason="not this one")
+    run_unpause(workflow_id=canary.workflow_id, actor=olga, reason="well, go")  # the operator's own pause
+    clock.advance(600)
+    assert advance(canary.pk, owner="test-executor") is None  # a canary no more: the workflow's pause keeps it
+    released = workflow_unpause(workflow="test_orders", actor=sam, reason="all back")
+    assert sorted(released["released"]) == sorted(r.workflow_id for r in runs)
+    assert [drive(r, clock).state for r in runs] == [RunState.COMPLETED] * 2

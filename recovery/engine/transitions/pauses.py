@@ -30,13 +30,16 @@ def run_pause(act: Act) -> None:
     once the call in flight is recorded; otherwise at once."""
     run = act.run
     run.paused_at, run.paused_by, run.pause_reason = act.now, act.who, redact_text(act.reason)[:1000]
+    # An operator's own pause: a canary released from its workflow's pause is one no more (that
+    # pause holds it again once it is unpaused; it does not release this one).
+    run.workflow_pause_id = None
     if act.situation.live:
-        act.save_run(list(PAUSE_FIELDS))
+        act.save_run([*PAUSE_FIELDS, "workflow_pause_id"])
         act.extra["pause"] = "at the executor's next step boundary, once the call in flight is recorded"
         return
     abandoned = act.abandon_running()  # an expired executor's call: unknown, reconciled after
     _check(RUN_TRANSITIONS, "pause", run.state, "run")
-    act.release(RunState.PAUSED, paused_text(run), fence=True, fields=PAUSE_FIELDS)
+    act.release(RunState.PAUSED, paused_text(run), fence=True, fields=(*PAUSE_FIELDS, "workflow_pause_id"))
     if abandoned:
         act.extra["steps_now_unknown"] = abandoned
 
