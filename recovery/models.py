@@ -17,6 +17,7 @@ from recovery.states import (  # noqa: F401  (re-exported: the words a run's lif
     RunState,
     StepState,
     StuckCause,
+    pause_scope,
 )
 
 
@@ -135,7 +136,7 @@ class WorkflowPause(models.Model):
     @property
     def scope(self) -> str:
         """ "workflow invoice", "step post_ledger_entry of invoice" """
-        return f"step {self.step_name} of {self.workflow_name}" if self.step_name else f"workflow {self.workflow_name}"
+        return pause_scope(self.workflow_name, self.step_name)
 
 
 class RunSearch(models.Model):

@@ -139,3 +139,9 @@ ROUTINE_ACTIONS = frozenset(
         AuditAction.RELEASE,
     }
 )
+
+
+def pause_scope(workflow: str, step_name: str = "") -> str:
+    """What a pause of a workflow or of one of its steps covers, as every surface says it:
+    "workflow invoice", "step post_ledger_entry of invoice" (WorkflowPause.scope)."""
+    return f"step {step_name} of {workflow}" if step_name else f"workflow {workflow}"

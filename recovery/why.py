@@ -112,10 +112,8 @@ def why_not_moving(
     if run.reserved_for and run.reserved_until and run.reserved_until > now and state not in TERMINAL_RUN_STATES:
         return f"reserved for {run.reserved_for} until {_at(run.reserved_until)}: other executors leave it alone"
     if state == RunState.PENDING:
-        if workflow_paused is False:
-            workflow_paused = whole_pauses([run]).get(run.workflow_name)
-        if workflow_paused is not None and run.workflow_pause_id != workflow_paused.pk:  # not a canary of it
-            p = workflow_paused
+        p = kept_by(run, whole_pauses([run]) if workflow_paused is False else {run.workflow_name: workflow_paused})
+        if p is not None:
             return (
                 f"kept pending: workflow {p.workflow_name} paused by {p.paused_by} at {_at(p.paused_at)}: {p.reason}; "
                 "it starts when the workflow is unpaused"
@@ -273,6 +271,13 @@ def whole_pauses(runs: Iterable[WorkflowRun]) -> dict[str, WorkflowPause]:
         return {}
     found = WorkflowPause.objects.filter(workflow_name__in=names, step_name="", released_at__isnull=True)
     return {p.workflow_name: p for p in found}
+
+
+def kept_by(run: WorkflowRun, pauses: dict[str, WorkflowPause | None]) -> WorkflowPause | None:
+    """The pause of its whole workflow that keeps a pending run pending (``pauses``: by workflow,
+    ``whole_pauses``), unless the run is a canary released from it."""
+    pause = pauses.get(run.workflow_name) if run.state == RunState.PENDING else None
+    return pause if pause is not None and run.workflow_pause_id != pause.pk else None
 
 
 def for_page(runs: list[WorkflowRun], *, now: datetime) -> None:

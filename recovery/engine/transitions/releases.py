@@ -21,11 +21,12 @@ from recovery.engine import dispatch
 from recovery.errors import InvalidTransition, PauseConflict
 from recovery.models import RunState, WorkflowPause, WorkflowRun
 from recovery.redaction import redact_text
+from recovery.states import pause_scope
 
 from ._core import RUN_LEASE_FIELDS, _actor_fields, _audit, _release_into, _save_run, _snap, require_reason
 from .pauses import PAUSE_FIELDS
 from .waves import Waves
-from .workflow_pauses import _require_supervisor, scope_text
+from .workflow_pauses import _require_supervisor
 
 MAX_CANARY = 100
 
@@ -58,7 +59,7 @@ def workflow_unpause(
             .first()
         )
         if pause is None:
-            raise PauseConflict(f"{scope_text(workflow, step_name)} is not paused")
+            raise PauseConflict(f"{pause_scope(workflow, step_name)} is not paused")
         if not canary:
             pause.released_at, pause.released_by, pause.release_reason = now, who, redact_text(reason)
             pause.save(update_fields=["released_at", "released_by", "release_reason"])

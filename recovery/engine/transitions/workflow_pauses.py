@@ -28,7 +28,7 @@ from recovery.errors import InvalidTransition, NotPermitted, PauseConflict
 from recovery.models import AuditEvent, WorkflowPause, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.registry import all_versions
-from recovery.states import AuditAction
+from recovery.states import AuditAction, pause_scope
 
 from ._core import _actor_fields, require_reason
 
@@ -131,14 +131,9 @@ def _check_scope(workflow: str, step_name: str) -> None:
         )
 
 
-def scope_text(workflow: str, step_name: str = "") -> str:
-    """ "workflow invoice", "step post_ledger_entry of invoice" (WorkflowPause.scope)."""
-    return f"step {step_name} of {workflow}" if step_name else f"workflow {workflow}"
-
-
 def _already(workflow: str, step_name: str) -> str:
     pause = WorkflowPause.objects.filter(workflow_name=workflow, step_name=step_name, released_at=None).first()
-    scope = scope_text(workflow, step_name)
+    scope = pause_scope(workflow, step_name)
     if pause is None:
         return f"{scope} is paused already"
     return f"{scope} is paused already, by {pause.paused_by} at {clock.time_of_day(pause.paused_at)}: {pause.reason}"

@@ -20,10 +20,12 @@ class Command(RecoveryCommand):
         parser.add_argument("--step", default="", help="pause this step only (runs go on up to it)")
         parser.add_argument("--reason", help="why (shown on every run it stops)")
         parser.add_argument("--as", dest="username", help="the supervisor's username")
-        parser.add_argument("--list", action="store_true", help="list the pauses in force, and nothing else")
+        parser.add_argument(
+            "--list", dest="listing", action="store_true", help="list the pauses in force, and nothing else"
+        )
 
-    def handle(self, *args, workflow, step, reason, username, list, **options):
-        if list:
+    def handle(self, *args, workflow, step, reason, username, listing, **options):
+        if listing:
             for pause in transitions.workflow_pauses_in_force():
                 at = f"{pause.paused_at:%Y-%m-%d %H:%M:%S} UTC"
                 self.stdout.write(f"{pause.scope}\tpaused by {pause.paused_by} at {at}: {pause.reason}")

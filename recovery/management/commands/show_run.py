@@ -108,12 +108,6 @@ def _dumps(doc: dict) -> str:
     return json.dumps(doc, indent=2)
 
 
-def _kept_pending(run: WorkflowRun) -> bool:
-    """A pending run its whole workflow's pause keeps (not a canary of it): it rests until released."""
-    pause = why.whole_pauses([run]).get(run.workflow_name)
-    return pause is not None and run.workflow_pause_id != pause.pk
-
-
 def _wait_until_resting(workflow_id: str, seconds: float) -> bool:
     """Poll the run until it rests or ``seconds`` pass; True if it is still moving then."""
     deadline = time.monotonic() + seconds
@@ -124,7 +118,8 @@ def _wait_until_resting(workflow_id: str, seconds: float) -> bool:
         now = clock.now()
         # A run whose executor died rests only while no executor is live: a live one takes it over.
         held = run.state == RunState.RUNNING and (lease_is_live(run, now) or executors.any_live(now))
-        moving = (run.state in MOVING and not _kept_pending(run)) or held
+        kept = why.kept_by(run, why.whole_pauses([run])) is not None  # rests until its workflow is unpaused
+        moving = (run.state in MOVING and not kept) or held
         if not moving or time.monotonic() >= deadline:
             return moving
         time.sleep(POLL_SECONDS)
