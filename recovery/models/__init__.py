@@ -17,8 +17,9 @@ from recovery.states import (  # noqa: F401  (re-exported: the words a run's lif
     RunState,
     StepState,
     StuckCause,
-    pause_scope,
 )
+
+from .incidents import WorkflowPause  # noqa: F401  (the records of incidents: workflow pauses)
 
 
 class WorkflowRun(models.Model):
@@ -99,44 +100,6 @@ class WorkflowRun(models.Model):
     def business_key(self) -> str:
         """The business event's own key: the workflow id without the workflow's name."""
         return self.workflow_id.split(":", 1)[1] if ":" in self.workflow_id else self.workflow_id
-
-
-class WorkflowPause(models.Model):
-    """A pause of a whole workflow (``step_name`` empty) or of one of its steps, by a supervisor or
-    by the engine (recovery.engine.transitions.workflow_pauses); kept once released: the record."""
-
-    workflow_name = models.CharField(max_length=100)
-    step_name = models.CharField(max_length=100, blank=True)
-    paused_by = models.CharField(max_length=150)
-    reason = models.TextField()
-    paused_at = models.DateTimeField()
-    released_at = models.DateTimeField(null=True, blank=True)
-    released_by = models.CharField(max_length=150, blank=True)
-    release_reason = models.TextField(blank=True)
-    # Paused by the engine (``pause_after``) after a failure of trigger_run: its alert's run.
-    automatic = models.BooleanField(default=False)
-    trigger_run = models.ForeignKey(
-        WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
-    )
-
-    class Meta:
-        constraints = [
-            # Pausing what is paused already is refused; the index is also what the executor's
-            # write of a new attempt looks in (storage: the fence's ``Unpaused`` condition).
-            models.UniqueConstraint(
-                fields=["workflow_name", "step_name"],
-                condition=models.Q(released_at__isnull=True),
-                name="one_pause_in_force",
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.workflow_name}.{self.step_name}" if self.step_name else self.workflow_name
-
-    @property
-    def scope(self) -> str:
-        """ "workflow invoice", "step post_ledger_entry of invoice" """
-        return pause_scope(self.workflow_name, self.step_name)
 
 
 class RunSearch(models.Model):
@@ -489,7 +452,7 @@ class Alert(models.Model):
     # The one alert of a step that paused itself (cause ``auto_paused``): raised on the run whose
     # failure tripped the policy, resolved when the pause is released, not when that run moves.
     workflow_pause = models.OneToOneField(
-        WorkflowPause, null=True, blank=True, on_delete=models.PROTECT, related_name="alert"
+        "WorkflowPause", null=True, blank=True, on_delete=models.PROTECT, related_name="alert"
     )
 
     class Meta:
