@@ -49,6 +49,9 @@ class OperatorAction:
     duration: bool = False  # takes how long it lasts, in hours (--hours; its transition's default without)
     version: bool = False  # takes the workflow version to move the run to (--to-version), and --effects-stand
     waves: bool = False  # makes runs due: in bulk, they may be released in waves (transitions.waves)
+    # takes a corrected input, or a corrected intent of its step (JSON: --input-file, --intent-file), and
+    # --effects-stand (transitions.restarts)
+    correction: bool = False
     # What it does and what it could send to another system, one sentence each ("{step}": its step),
     # as the run page says it beside the button and ``show_run`` beside the command line.
     does: str = ""
@@ -250,6 +253,19 @@ ACTIONS: dict[str, OperatorAction] = {
             ask="Move this run to the chosen version? The steps it began keep their keys and outcomes; "
             "the rest follow that version's definition.",
         ),
+        OperatorAction(
+            "restart",
+            "restart from a step with a corrected input",
+            "restart",
+            StepArg.REQUIRED,
+            four_eyes=True,
+            correction=True,
+            does="makes every step from {step} on again with the corrected input (or {step}'s corrected intent): "
+            "an effect made already is undone first, or stands beside a second one where the workflow says so; "
+            "the difference and each effect's fate are shown before you confirm",
+            sends="each effect from {step} on again, under a new key; compensations first where effects are undone",
+            confirm=Confirm.ALWAYS,
+        ),
     )
 }
 
@@ -340,6 +356,8 @@ def command_line(
         parts += ["--hours", f"{SNOOZE_DEFAULT_HOURS}"]
     if spec.version:
         parts += ["--to-version", f"{to_version}" if to_version is not None else "<version>"]
+    if spec.correction:
+        parts += ["--input-file", "<input.json>"]
     return shlex.join([*parts, "--reason", "<reason>", "--as", username])
 
 

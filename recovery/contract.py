@@ -83,9 +83,18 @@ class StepContext:
     idempotency_key: str
     results: dict[str, Any]
     intent: dict[str, Any] | None = None
+    # Each step's key version in this run: its declared one, plus one for each restart that made it
+    # again (recovery.engine.transitions.restarts). A receiver's own reference for a posting can
+    # follow it, so that a posting made again after a restart is a new one (``key_version``).
+    key_versions: dict[str, int] = field(default_factory=dict)
 
     def result(self, step: str) -> Any:
         return self.results[step]
+
+    def key_version(self, step: str | None = None) -> int:
+        """The key version of ``step`` (this step if None) in this run: 1 unless declared otherwise
+        or made again by a restart."""
+        return self.key_versions.get(step or self.step, 1)
 
 
 @dataclass(frozen=True)
@@ -199,6 +208,14 @@ class StepSpec:
     agent: AgentPolicy | None = None
     # Paused by itself when its receiver keeps failing; None: the workflow's (Workflow.pause_policy).
     pause_after: PauseAfter | None = None
+    # What a restart across this step makes when its effect is not undone first: a second one
+    # beside the first, in the words the console states before confirming ("a second message goes
+    # to the approver; the first stands"). Empty: a restart undoes the effect first (its
+    # compensation), or is refused where the step has none (recovery.engine.transitions.restarts).
+    second_effect: str = ""
+    # The pydantic model of the step's intent: a supervisor's corrected intent is validated by it
+    # (without one, a correction keeps the intent's fields and their JSON types).
+    intent_schema: type[pydantic.BaseModel] | None = None
 
     # decorators, in the style of property setters
     def intent(self, fn: Callable[[StepContext], dict[str, Any]]) -> Callable:

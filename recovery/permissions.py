@@ -35,6 +35,7 @@ REQUIRED_ROLE: dict[str, Role] = {
     "stop_agent": Role.OPERATOR,  # halt an agent step's loop (nothing more is asked or sent)
     "fork_agent": Role.SUPERVISOR,  # let a stopped agent go on, or ask it again from an earlier turn
     "move_version": Role.SUPERVISOR,  # move a run to another version of its workflow (after a deploy)
+    "restart": Role.SUPERVISOR,  # restart a run from a step with a corrected input or intent
     "pause_workflow": Role.SUPERVISOR,  # pause (and unpause) a whole workflow, or one step of it
     "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.engine.transitions.approval_grant)
     "bulk": Role.OPERATOR,  # the bulk form; each action then needs its own role (terminate: a supervisor)

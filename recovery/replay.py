@@ -114,6 +114,7 @@ def _checkpoints(document: dict[str, Any]) -> tuple[WorkflowRun, list[StepExecut
                 position=int(step["position"]),
                 state=step["state"],
                 key_version=int(step["key_version"]),
+                restarts=int(step.get("restarts") or 0),
                 idempotency_key=step["idempotency_key"],
                 attempts=int(step.get("attempts") or 0),
                 remote_ref=step.get("remote_ref") or "",

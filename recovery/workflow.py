@@ -232,6 +232,8 @@ class Workflow:
         settle: timedelta | None = DEFAULT_SETTLE,
         result: type[pydantic.BaseModel] | None = None,
         pause_after: PauseAfter | None = None,
+        second_effect: str = "",
+        intent_schema: type[pydantic.BaseModel] | None = None,
     ) -> Callable[[Callable], StepSpec]:
         """Declare the next step. A step safe to re-run reconciles by re-running by default.
 
@@ -257,6 +259,13 @@ class Workflow:
 
         ``pause_after``: pause this step for the whole workflow when its receiver keeps failing
         (``PauseAfter``; default: the workflow's).
+
+        ``second_effect``: a supervisor's restart of the run from an earlier step (with a corrected
+        input) may let this step's effect stand and make a second one under a new key; the words
+        say what happens ("a second message goes to the approver; the first stands") and the
+        console states them before confirming. Without it, a restart undoes the effect first (the
+        step's compensation) or is refused. ``intent_schema``: the pydantic model a corrected intent
+        of this step is validated by.
         """
         if local:
             if outbox or reconcile not in (None, Reconcile.RERUN):
@@ -282,6 +291,8 @@ class Workflow:
                 settle=settle,
                 result_schema=result,
                 pause_after=pause_after,
+                second_effect=second_effect,
+                intent_schema=intent_schema,
             )
             if any(s.name == spec.name for s in self.steps):
                 raise ValueError(f"workflow {self.name!r} already has a step named {spec.name!r}")

@@ -56,6 +56,8 @@ def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
                 "name": s.step_name,
                 "position": s.position,
                 "key_version": s.key_version,
+                "restarts": s.restarts or 0,
+                "correction": s.correction,
                 "state": s.state,
                 "attempts": s.attempts,
                 "idempotency_key": s.idempotency_key,

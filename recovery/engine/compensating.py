@@ -21,6 +21,7 @@ def compensate_once(lease: Lease, plan: Plan) -> bool:
     marked = sorted((s for s in plan.steps if s.state == StepState.COMPENSATING), key=lambda s: s.order, reverse=True)
     if not marked:
         transitions.run_compensation_done(lease=lease)
+        transitions.restart_apply(run_pk=plan.run.pk)  # a restart that waited for these compensations
         return False
     step = marked[0]
     if step.next_attempt_at is not None and step.next_attempt_at > clock.now():
@@ -48,6 +49,7 @@ def compensate_once(lease: Lease, plan: Plan) -> bool:
         idempotency_key=compensation_key(plan.run.workflow_id, step.step_name, step.key_version),
         results={s.step_name: s.result for s in plan.steps if s.result is not None},
         intent={"remote_ref": remote_ref, "result": step.result, "intent": step.intent},
+        key_versions=plan.key_versions(),
     )
     transitions.compensation_begin(lease=lease, step_name=step.step_name)
     raw, error = invoke(spec.compensation_fn, ctx, lease=lease, point=f"{step.step_name}.compensate")

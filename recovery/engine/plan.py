@@ -48,6 +48,7 @@ class Plan:
                 if s.state == StepState.SUCCEEDED and not is_journal_name(s.step_name)
             },
             intent=step.intent,
+            key_versions=self.key_versions(),
         )
         if not is_journal_name(step.step_name) or not agent.is_turn(step):
             return base
@@ -55,6 +56,10 @@ class Plan:
         assert spec.agent is not None
         entry = parse_journal_name(step.step_name)
         return agent.context(spec.agent, base, journal_rows(entry.agent, self.steps), entry.turn)
+
+    def key_versions(self) -> dict[str, int]:
+        """Each step's key version in this run (a restart makes a step again under a new one)."""
+        return {s.step_name: s.key_version for s in self.steps if not is_journal_name(s.step_name)}
 
     @property
     def auto_compensate(self) -> bool:
@@ -92,10 +97,15 @@ def load(lease: Lease) -> Plan | None:
 
 
 def build_intent(plan: Plan, spec: StepSpec, ctx: StepContext) -> tuple[dict[str, Any], StepError | None]:
-    """The step's intent, or why it could not be built (a permanent error: nothing was sent).
+    """The step's intent, or why it could not be built (a permanent error: nothing was sent);
+    with the fields a restart corrected (``correction``) laid over it, checked again.
     What is persisted is what is replayed: the intent is redacted before it is hashed,
     checkpointed and sent, so an attempt after a crash sends exactly what this one does."""
     try:
-        return plan.workflow.redact(spec.intent_fn(ctx) if spec.intent_fn else {}), None
+        intent = spec.intent_fn(ctx) if spec.intent_fn else {}
+        row = next((s for s in plan.steps if s.step_name == ctx.step), None)
+        if row is not None and row.correction:  # a supervisor's restart corrected some of its fields
+            intent = transitions.corrected_intent(spec, intent, row.correction)
+        return plan.workflow.redact(intent), None
     except Exception as exc:
         return {}, PermanentError(f"could not build the step's intent: {classify(exc)}")

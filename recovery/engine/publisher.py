@@ -51,7 +51,8 @@ def _deliver(claim: transitions.OutboxClaim) -> None:
 
 def _deliver_bound(claim: transitions.OutboxClaim, message: OutboxMessage, run) -> None:
     spec = workflow_of(run).get_step(message.step_name)
-    results = dict(StepExecution.objects.filter(run=run, state=StepState.SUCCEEDED).values_list("step_name", "result"))
+    rows = list(StepExecution.objects.filter(run=run).values_list("step_name", "state", "result", "key_version"))
+    results = {name: result for name, state, result, _ in rows if state == StepState.SUCCEEDED}
     ctx = StepContext(
         workflow_id=run.workflow_id,
         input=run.input,
@@ -59,6 +60,7 @@ def _deliver_bound(claim: transitions.OutboxClaim, message: OutboxMessage, run) 
         idempotency_key=message.idempotency_key,
         results=results,
         intent=message.payload,
+        key_versions={name: version for name, _, _, version in rows},
     )
     try:
         if message.attempts > 1:

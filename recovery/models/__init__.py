@@ -19,7 +19,7 @@ from recovery.states import (  # noqa: F401  (re-exported: the words a run's lif
     StuckCause,
 )
 
-from .incidents import WorkflowPause  # noqa: F401  (the records of incidents: workflow pauses)
+from .incidents import RunRestart, WorkflowPause  # noqa: F401  (the records of incidents: pauses and restarts)
 
 
 class WorkflowRun(models.Model):
@@ -153,6 +153,12 @@ class StepExecution(models.Model):
     refusal = models.JSONField(null=True, blank=True)
     # Rules a supervisor overrode for this step (rule, by, reason, at): their guards no longer hold it.
     overrides = models.JSONField(default=list, blank=True)
+    # A restart from a corrected input or intent (RunRestart): how many times the step was made
+    # again under a new key (its key version is its declared one plus these; None: never), and the
+    # intent's fields a supervisor corrected, laid over the intent the step builds. Nullable: SQLite
+    # adds the columns in place.
+    restarts = models.PositiveSmallIntegerField(null=True, blank=True)
+    correction = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField()
     history = HistoricalRecords()
 

@@ -240,7 +240,8 @@ def test_the_runs_table_keeps_the_selection_across_its_refreshes(clock):
 
 def test_every_button_is_worded_by_the_action_table_with_facts_the_console_fills_in():
     """recovery.actions holds each action's button and question; the console only fills them in
-    (recovery.console.services._button). Decisions are edited in a form of their own."""
+    (recovery.console.services._button). Decisions are edited in a form of their own, and a restart
+    has its page (recovery.console.restart_views)."""
     import string
 
     from recovery.actions import ACTIONS
@@ -248,7 +249,7 @@ def test_every_button_is_worded_by_the_action_table_with_facts_the_console_fills
     facts = {"step", "agent", "turn", "rule", "description"}
     for name, spec in ACTIONS.items():
         texts = [spec.button, spec.ask, spec.button_run, spec.ask_run]
-        assert bool(spec.button) == (name not in ("supersede", "decide_again")), name
+        assert bool(spec.button) == (name not in ("supersede", "decide_again", "restart")), name
         assert bool(spec.button_run) == (spec.step == "optional"), name
         named = {field for text in texts for _, field, _, _ in string.Formatter().parse(text) if field}
         assert named <= facts, (name, named - facts)

@@ -183,6 +183,10 @@ def act(action: str, run: WorkflowRun, step: str | None, actor) -> None:
         # checked evidence as recovery.engine.evidence returns it: the walk is about states (test_evidence)
         evidence=_EVIDENCE if ACTIONS[action].evidence else None,
         decision=accepted.accepted if accepted is not None else _BY_HAND if action == "supersede" else None,
+        # a restart's correction: the order's text with one more amount in it (the model decides again)
+        correction=("input", {**run.input, "text": f"{run.input.get('text', '')} 5"})
+        if ACTIONS[action].correction
+        else None,
     )
 
 

@@ -79,7 +79,7 @@ def frozen(run: WorkflowRun) -> tuple:
 
 
 def test_the_contract_names_the_actions_that_need_a_second_supervisor():
-    assert workflows.guarded.four_eyes == {"compensate", "terminate", "resolve_happened", "move_version"}
+    assert workflows.guarded.four_eyes == {"compensate", "terminate", "resolve_happened", "move_version", "restart"}
     assert workflows.orders.four_eyes == frozenset()
     with pytest.raises(ValueError, match="resume cannot need approval"):
         Workflow("bad_four_eyes", version=1, workflow_id=lambda i: "x", four_eyes=["terminate", "resume"])

@@ -107,7 +107,13 @@ def _(ctx, ref):
 
 @orders.step(effect="a ledger entry", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST, compensable=True)
 def post_entry(ctx):
-    return receivers.post_entry(reference=ctx.workflow_id, payload=ctx.intent)
+    return receivers.post_entry(reference=reference(ctx), payload=ctx.intent)
+
+
+def reference(ctx) -> str:
+    """The ledger's own reference: the run's id, and a new one for a posting a restart makes again."""
+    version = ctx.key_version("post_entry")
+    return ctx.workflow_id if version == 1 else f"{ctx.workflow_id}:v{version}"
 
 
 @post_entry.intent
@@ -117,12 +123,12 @@ def _(ctx):
 
 @post_entry.lookup
 def _(ctx):
-    return receivers.find_entry(reference=ctx.workflow_id)
+    return receivers.find_entry(reference=reference(ctx))
 
 
 @post_entry.lookup_ref
 def _(ctx, ref):
-    return receivers.by_ref("ledger", ref, mine={"dedupe_key": ctx.workflow_id})
+    return receivers.by_ref("ledger", ref, mine={"dedupe_key": reference(ctx)})
 
 
 @create_task.compensate(who="supervisor")

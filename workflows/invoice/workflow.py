@@ -23,6 +23,18 @@ from .model import SCHEMA_VERSION, InvoiceDecision, get_provider
 from .policy import APPROVAL_POLICY, invoice_total
 
 
+class LedgerPosting(BaseModel):
+    """What ``post_ledger_entry`` sends: a supervisor's corrected posting is checked by it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reference: str = Field(min_length=1, max_length=255)
+    amount: str = Field(pattern=r"^[0-9]{1,12}\.[0-9]{2}$")
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    account: str = Field(pattern=r"^expenses:[a-z_]{1,40}$")
+    memo: str = Field(min_length=1, max_length=500)
+
+
 class InvoiceEvent(BaseModel):
     """The business event that starts a run. Extra fields (vendor, due date, …) are kept."""
 
@@ -158,8 +170,9 @@ def _(ctx, task_id):
 
 @create_approval_task.guard("invoice_open_in_ledger")
 def _(ctx):
-    """The invoice is neither posted nor cancelled in the ledger yet (read fresh)."""
-    state = adapters.ledger_state(reference=ctx.workflow_id)
+    """The invoice is neither posted nor cancelled in the ledger yet (read fresh), under the
+    reference its posting would be made with."""
+    state = adapters.ledger_state(reference=ledger_reference(ctx))
     if state:
         raise PolicyRefusal(
             "invoice_open_in_ledger", f"invoice {ctx.input['invoice_id']} is {state}", {"ledger": state}
@@ -204,6 +217,8 @@ def cancel_approval_task(ctx):
     retry=WRITE_POLICY,
     compensable=True,
     outbox=True,
+    # A restart from an earlier step may let the first message stand (a supervisor's choice).
+    second_effect="a second message goes to the approver; the first stands",
 )
 def notify_approver(ctx):
     return adapters.send_message(client_ref=ctx.idempotency_key, **ctx.intent)
@@ -255,9 +270,18 @@ def send_correction(ctx):
     # A ledger that keeps failing (five failures of one kind in two minutes, across the runs):
     # the step pauses itself for every run, before one spends its six attempts into review.
     pause_after=PauseAfter(failures=5, within=timedelta(minutes=2)),
+    intent_schema=LedgerPosting,
 )
 def post_ledger_entry(ctx):
     return adapters.post_entry(**ctx.intent)
+
+
+def ledger_reference(ctx) -> str:
+    """The posting's transaction reference: the run's identity, never an attempt's. A restart
+    that makes the posting again (after reversing the first) gives it a new key version, and
+    the new posting its own reference (``invoice:acme:inv-1:v2``)."""
+    version = ctx.key_version("post_ledger_entry")
+    return ctx.workflow_id if version == 1 else f"{ctx.workflow_id}:v{version}"
 
 
 @post_ledger_entry.intent
@@ -265,7 +289,7 @@ def _(ctx):
     decision = ctx.result("classify")
     return {
         # A stable transaction reference, from the run's identity: never from an attempt.
-        "reference": ctx.workflow_id,
+        "reference": ledger_reference(ctx),
         "amount": str(Decimal(str(decision["amount"])).quantize(Decimal("0.01"))),
         "currency": decision["currency"],
         "account": f"expenses:{decision['category']}",
@@ -275,13 +299,13 @@ def _(ctx):
 
 @post_ledger_entry.lookup
 def _(ctx):
-    return adapters.find_entry(reference=ctx.workflow_id)
+    return adapters.find_entry(reference=ledger_reference(ctx))
 
 
 @post_ledger_entry.lookup_ref
 def _(ctx, entry_id):
     """An operator's "it succeeded, entry X": X must be this run's posting (its reference)."""
-    entry = adapters.own(adapters.get_entry(entry_id=entry_id), reference=ctx.workflow_id, kind="entry")
+    entry = adapters.own(adapters.get_entry(entry_id=entry_id), reference=ledger_reference(ctx), kind="entry")
     return adapters.entry_outcome(entry) if entry else None
 
 
@@ -290,6 +314,6 @@ def post_reversal(ctx):
     """Post a reversing ledger entry (never delete)."""
     return adapters.reverse_entry(
         entry_id=ctx.intent["remote_ref"],
-        reference=f"{ctx.workflow_id}:reversal",
+        reference=f"{ledger_reference(ctx)}:reversal",
         memo=f"reversal of invoice {ctx.input['invoice_id']}",
     )

@@ -84,6 +84,9 @@ from .pauses import run_pause, run_pause_reached, run_unpause
 from .perform import perform
 from .performers import PERFORMERS, check_complete
 from .releases import workflow_unpause
+from .restart_plan import RestartPlan, change_text, corrected_intent
+from .restarts import planned as restart_preview
+from .restarts import restart_apply, run_restart
 from .runs import (
     Started,
     run_complete,
@@ -127,6 +130,12 @@ from .workflow_pauses import in_force as workflow_pauses_in_force
 from .workflow_pauses import workflow_pause, workflow_pause_if_failing
 
 __all__ = [
+    "RestartPlan",
+    "change_text",
+    "corrected_intent",
+    "restart_apply",
+    "restart_preview",
+    "run_restart",
     "AUTO_PAUSED",
     "Waves",
     "pausing",

@@ -21,6 +21,7 @@ from ._core import _audit, _locked_run_by_id, _snap, require_reason, run_version
 from .acting import LABELS, needs_approval
 from .operator import checked_evidence
 from .perform import perform
+from .restarts import planned
 from .versions import planned_move
 
 
@@ -52,6 +53,9 @@ def _would_run(request: ApprovalRequest, *, actor: AbstractBaseUser, now: dateti
         checked_evidence(options.get("evidence"))
     if ACTIONS[request.action].version:
         planned_move(request.run, situation.steps, options.get("version"), options.get("effects_stand", False))
+    if ACTIONS[request.action].correction:
+        edited, value = options.get("correction") or (None, None)
+        planned(situation, request.step_name, edited=edited, value=value, effects_stand=options.get("effects_stand"))
 
 
 def _approval_snap(request: ApprovalRequest) -> dict[str, Any]:
@@ -77,6 +81,7 @@ def approval_request(
     evidence: dict[str, Any] | None = None,
     version: int | None = None,
     effects_stand: bool = False,
+    correction: tuple[str, Any] | None = None,
     expect: str | None = None,
     now: datetime | None = None,
 ) -> ApprovalRequest:
@@ -98,7 +103,7 @@ def approval_request(
             action=action,
             step_name=step_name or "",
             remote_ref=redact_text((evidence or {}).get("remote_ref", "")),
-            options=_options(action, version, effects_stand, evidence),
+            options=_options(action, version, effects_stand, evidence, correction),
             reason=redact_text(reason),
             state=ApprovalState.PENDING,
             requested_by=actor,
@@ -115,10 +120,21 @@ def approval_request(
 
 
 def _options(
-    action: str, version: int | None, effects_stand: bool, evidence: dict[str, Any] | None
+    action: str,
+    version: int | None,
+    effects_stand: bool,
+    evidence: dict[str, Any] | None,
+    correction: tuple[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """What else the requested action is performed with (recovery.actions): a move's version,
-    the evidence of "it succeeded" as it was checked when the request was made."""
+    the evidence of "it succeeded" as it was checked when the request was made, a restart's
+    correction."""
+    if ACTIONS[action].correction:
+        if correction is None:
+            raise InvalidTransition(f"{action} needs the corrected input or the step's corrected intent (JSON)")
+        return {"correction": list(correction), "effects_stand": bool(effects_stand)}
+    if correction is not None:
+        raise InvalidTransition(f"{action} takes no corrected input")
     if ACTIONS[action].evidence:
         return {"evidence": evidence} if evidence is not None else None
     if evidence is not None:

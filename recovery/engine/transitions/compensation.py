@@ -9,8 +9,8 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from recovery import clock
 from recovery.engine import dispatch
-from recovery.errors import ErrorKind, NotThisStep, StepError, TransientError
-from recovery.models import RunState, StepExecution, StepState, WorkflowRun
+from recovery.errors import ErrorKind, InvalidTransition, NotThisStep, StepError, TransientError
+from recovery.models import RunRestart, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.states import AuditAction
 from recovery.workflow import Outcome, StepSpec, workflow_of
@@ -91,6 +91,14 @@ def run_compensate(act: Act) -> None:
     act.before = _snap(act.run)
     step_name = act.step_name or None
     targets = offers.compensation_targets(act.situation, step_name)
+    waiting = RunRestart.objects.filter(run=act.run, applied_at__isnull=True).first()
+    if waiting is not None:  # a restart waits for its own compensations, and for no other
+        undo = sorted(e["step"] for e in waiting.effects if e["rule"] == "undo")
+        if any(step.step_name not in undo for step in targets):
+            raise InvalidTransition(
+                f"a restart from {waiting.step_name} waits for the compensation of {', '.join(undo)}: compensate "
+                "only those (or terminate the run)"
+            )
     order = _mark_compensation(act.run, targets, step_name=step_name, now=act.now, actor=act.actor)
     act.after = {**_snap(act.run), "order": order}
     act.wake = True
@@ -256,11 +264,21 @@ def _retry_or_stop(change, spec: StepSpec, error: StepError, *, message: str, wh
 def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunState:
     """Every marked step is compensated. The run is ``compensated`` when no completed effect
     is left; after compensating only some steps it returns to ``completed`` (if nothing else
-    is outstanding) or to ``needs_review``."""
+    is outstanding) or to ``needs_review``. Undone for a restart that waits for it, it stays
+    ``compensating`` until the restart is applied (``restart_apply``)."""
 
     def body(change: _Change) -> RunState:
         run = change.run
         _check(RUN_TRANSITIONS, "compensation_done", run.state, "run")
+        waiting = RunRestart.objects.filter(run_id=run.pk, applied_at__isnull=True).first()
+        if waiting is not None:
+            # Undone for a restart (transitions.restarts): the run stays compensating, due, until the
+            # restart is applied (restart_apply, next) — never shown completed in between.
+            why = f"compensations done; restarting from {waiting.step_name}"
+            _release_into(run, RunState.COMPENSATING, wake_at=change.now, reason=why)
+            change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+            change.reason = why
+            return RunState.COMPENSATING
         workflow = workflow_of(run)
         steps = change.draft.steps()
         states = {step.step_name: step.state for step in steps}

@@ -35,9 +35,11 @@ def perform(
     version: int | None = None,
     effects_stand: bool = False,
     wake_at: datetime | None = None,
+    correction: tuple[str, Any] | None = None,
 ) -> WorkflowRun:
     """Perform ``action`` through its transition, which checks the run's state, the reason,
-    the page's version (``expect``) and the four-eyes rule. A person's role is checked here
+    the page's version (``expect``) and the four-eyes rule. ``correction``: a restart's
+    ("input" or "intent", the corrected JSON). A person's role is checked here
     for every surface (NotPermitted); the executor and systems (``actor`` None) are not people.
     Raises InvalidTransition for an unknown action or a missing step, as the transitions do
     for everything else."""
@@ -70,6 +72,13 @@ def perform(
         arguments.update(version=version, effects_stand=effects_stand)
     elif version is not None:
         raise InvalidTransition(f"{action} takes no version")
+    if spec.correction:
+        if correction is None:
+            raise InvalidTransition(f"{action} needs the corrected input or the step's corrected intent (JSON)")
+        edited, value = correction
+        arguments.update(edited=edited, value=value, effects_stand=effects_stand)
+    elif correction is not None:
+        raise InvalidTransition(f"{action} takes no corrected input")
     if spec.waves:
         arguments["wake_at"] = wake_at  # a run released in a wave: due then (transitions.waves)
     elif wake_at is not None:

@@ -70,6 +70,21 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
         frozenset({RunState.PENDING, RunState.WAITING, RunState.RUNNING, RunState.NEEDS_REVIEW, RunState.FAILED}),
         RunState.PENDING,
     ),
+    # a supervisor restarts a run at rest from one of its steps with a corrected input
+    # (transitions.restarts): due again at once, or once the effects to undo first are undone
+    "restart": (
+        frozenset(
+            {
+                RunState.PENDING,
+                RunState.WAITING,
+                RunState.NEEDS_REVIEW,
+                RunState.FAILED,
+                RunState.COMPLETED,
+                RunState.COMPENSATED,
+            }
+        ),
+        RunState.PENDING,
+    ),
     "compensation_wait": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATING),
     "compensation_fail": (frozenset({RunState.COMPENSATING}), RunState.COMPENSATION_FAILED),
     # the target depends on what is left: compensated, completed, or needs_review
@@ -99,6 +114,11 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     # a call that succeeded stays succeeded (its effect stands), an unknown one is reconciled first
     "leave_out": (frozenset({StepState.PENDING, StepState.FAILED, StepState.SUCCEEDED}), StepState.SKIPPED),
     "defer_check": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.PENDING),
+    # a restart from this step or an earlier one: made again (a new key where it had an effect)
+    "restart": (
+        frozenset({StepState.PENDING, StepState.FAILED, StepState.SUCCEEDED, StepState.SKIPPED, StepState.COMPENSATED}),
+        StepState.PENDING,
+    ),
     "compensate": (frozenset({StepState.SUCCEEDED, StepState.COMPENSATION_FAILED}), StepState.COMPENSATING),
     "compensation_begin": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATING),
     "compensation_succeed": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATED),

@@ -138,6 +138,12 @@ def continuation(
     return problems
 
 
+def declared(row: StepExecution) -> int:
+    """The key version the step's declaration gave the row: its own, less the restarts that made
+    it again under a new one (recovery.engine.transitions.restarts)."""
+    return row.key_version - (row.restarts or 0)
+
+
 def _begun(row: StepExecution) -> bool:
     """Whether anything was sent for the step: a guard's refusal, or a deferred check, sent nothing."""
     return row.state != StepState.PENDING or row.attempts > 0
@@ -161,7 +167,7 @@ def move_plan(
         if not _begun(row):
             if spec is None:
                 plan.removed.append(row.step_name)
-            elif spec.key_version != row.key_version:
+            elif spec.key_version != declared(row):
                 plan.rekeyed.append(row.step_name)
             continue
         why = _incompatible(row, spec, target, rows, decisions, plan)
@@ -191,7 +197,7 @@ def _incompatible(
         )
     if spec.is_agent:
         return _agent_incompatible(row, spec, rows, v)
-    if spec.key_version != row.key_version:
+    if spec.key_version != declared(row):
         if row.state in _FINISHED:
             plan.effects.append(
                 {"step": name, "remote_ref": row.remote_ref, "key_version": row.key_version, "to": spec.key_version}
@@ -374,8 +380,8 @@ def _apply(
             row.position = spec.position
             changed.append("position")
         if spec.name in plan.rekeyed:
-            row.key_version = spec.key_version
-            row.idempotency_key = idempotency_key(run.workflow_id, spec.name, spec.key_version)
+            row.key_version = spec.key_version + (row.restarts or 0)
+            row.idempotency_key = idempotency_key(run.workflow_id, spec.name, row.key_version)
             changed += ["key_version", "idempotency_key"]
         if changed:
             _save_step(row, changed, now, actor)

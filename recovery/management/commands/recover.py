@@ -12,6 +12,7 @@ from recovery.actions import (
     StepArg,
     parse_decision,
     parse_hours,
+    parse_object,
     parse_version,
 )
 from recovery.engine import evidence, transitions
@@ -59,13 +60,22 @@ class Command(RecoveryCommand):
             help=f"snooze_alert: how long, in hours ({SNOOZE_DEFAULT_HOURS} if not given; at most {MAX_SNOOZE_HOURS})",
         )
         parser.add_argument("--to-version", help="move_version: the registered version to move the run to")
+        corrected = parser.add_mutually_exclusive_group()
+        corrected.add_argument("--input", help="restart: the run's corrected input, a JSON object")
+        corrected.add_argument("--input-file", help="restart: a file holding the corrected input (JSON); - for stdin")
+        corrected.add_argument("--intent", help="restart: the step's intent fields to correct, a JSON object")
+        corrected.add_argument("--intent-file", help="restart: a file holding them (JSON); - for stdin")
         parser.add_argument(
             "--effects-stand",
             action="store_true",
-            help="move_version: the effects made under a key version the target changes stand (keep them)",
+            help="move_version: the effects made under a key version the target changes stand (keep them); "
+            "restart: the effects whose step declares a second effect stand beside the second one",
         )
         parser.add_argument(
-            "--dry-run", action="store_true", help="move_version: say whether the move is possible and what it changes"
+            "--dry-run",
+            action="store_true",
+            help="move_version, restart: say whether it is possible and what it changes (the difference, each "
+            "effect's fate); nothing is written",
         )
         parser.add_argument("--request", help="approve, reject: the request's id (manage.py approval list)")
         parser.add_argument("--reason", required=True)
@@ -81,6 +91,10 @@ class Command(RecoveryCommand):
         result,
         decision,
         decision_file,
+        input,
+        input_file,
+        intent,
+        intent_file,
         hours,
         to_version,
         effects_stand,
@@ -97,10 +111,14 @@ class Command(RecoveryCommand):
             return self._decide(action, workflow_id, request, user, reason)
         if ACTIONS[action].step == StepArg.REQUIRED and not step:
             raise CommandError(f"{action} needs --step")
-        if dry_run and not ACTIONS[action].version:
-            raise CommandError(f"--dry-run is for move_version, not {action}")
+        if dry_run and not (ACTIONS[action].version or ACTIONS[action].correction):
+            raise CommandError(f"--dry-run is for move_version and restart, not {action}")
         try:
             version = parse_version(to_version)
+            correction = _correction(action, input, input_file, intent, intent_file)
+            if dry_run and correction is not None:
+                self.stdout.write("\n".join(_restart_plan(workflow_id, step, correction, effects_stand, user)))
+                return
             if dry_run:
                 self.stdout.write(f"{workflow_id}: {_move_plan(workflow_id, version, user)}")
                 return
@@ -118,6 +136,7 @@ class Command(RecoveryCommand):
                 hours=parse_hours(hours),
                 version=version,
                 effects_stand=effects_stand,
+                correction=correction,
                 actor=user,
                 reason=reason,
             )
@@ -159,10 +178,40 @@ def _move_plan(workflow_id: str, version: int | None, user) -> str:
     return transitions.move_plan(run, steps, target, transitions.accepted_decisions(run)).summary()
 
 
+def _restart_plan(workflow_id: str, step: str | None, correction, effects_stand: bool, user) -> list[str]:
+    """The dry run of a restart, judged as the transition would judge it now; nothing is written."""
+    run = WorkflowRun.objects.get(workflow_id=workflow_id)
+    situation = transitions.Situation.of(run, list(run.steps.all()), clock.now())
+    refused = transitions.why_not("restart", situation, step_name=step, actor=user)
+    if refused is not None:
+        raise refused
+    edited, value = correction
+    plan = transitions.restart_preview(situation, step, edited=edited, value=value, effects_stand=effects_stand)
+    return [f"{workflow_id}: {plan.lines()[0]}", *plan.lines()[1:]]
+
+
+def _correction(action: str, *given) -> tuple[str, dict] | None:
+    """A restart's correction from --input(-file) or --intent(-file): ("input" | "intent", the JSON object)."""
+    input_text, input_file, intent_text, intent_file = given
+    if not ACTIONS[action].correction:
+        if any(value is not None for value in given):
+            raise InvalidTransition(f"--input and --intent are for restart, not {action}")
+        return None
+    if input_text is not None or input_file is not None:
+        return "input", parse_object(_read(input_text, input_file), "the corrected input")
+    if intent_text is not None or intent_file is not None:
+        return "intent", parse_object(_read(intent_text, intent_file), "the corrected intent")
+    raise InvalidTransition("restart needs the corrected input (--input-file) or the step's intent (--intent-file)")
+
+
+def _read(text: str | None, path: str | None) -> str:
+    if path is None:
+        return text or ""
+    try:
+        return Path("/dev/stdin" if path == "-" else path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidTransition(f"cannot read {path}: {exc.strerror}") from None
+
+
 def _decision(text: str | None, path: str | None) -> dict:
-    if path is not None:
-        try:
-            text = Path("/dev/stdin" if path == "-" else path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InvalidTransition(f"cannot read {path}: {exc.strerror}") from None
-    return parse_decision(text)
+    return parse_decision(_read(text, path))
