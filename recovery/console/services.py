@@ -20,6 +20,7 @@ from recovery.actions import (
     StepArg,
     parse_decision,
     parse_hours,
+    parse_object,
     parse_version,
 )
 from recovery.console import bulk_facts
@@ -52,6 +53,7 @@ def apply_action(
     to_version: str | None = None,
     effects_stand: bool = False,
     result: str | None = None,
+    correction: tuple[str, str] | None = None,
 ) -> str:
     """Apply one operator action; returns the message to show. On a workflow with four-eyes
     actions, compensate, terminate and "it succeeded" become a request for approval, and
@@ -64,6 +66,8 @@ def apply_action(
     edited = parse_decision(decision) if spec and spec.decision else None
     duration = parse_hours(hours) if spec and spec.duration else None
     moving = {"version": parse_version(to_version), "effects_stand": effects_stand} if spec and spec.version else {}
+    if spec and spec.correction:  # a restart (recovery.console.restart_views): what is corrected, as posted
+        moving = {"correction": parse_correction(*(correction or ("", ""))), "effects_stand": effects_stand}
     transitions.require_reason(reason)  # before the receiver is asked for the evidence
     checked = evidence.examine(
         action, workflow_id=workflow_id, step_name=step, remote_ref=remote_ref, result=result, actor=actor
@@ -80,6 +84,22 @@ def apply_action(
     target = f" ({step})" if step else ""
     label = ACTIONS[action].label if action in ACTIONS else action.replace("_", " ")
     return f"{label}{target} recorded; the run is now {RunState(run.state).label.lower()}"
+
+
+def parse_correction(edit: str, text: str) -> tuple[str, dict[str, Any]]:
+    """A restart's correction as a form posts it: what is corrected ("input" or "intent") and its
+    JSON object (recovery.actions.parse_object: its bounds, a message for each problem)."""
+    if edit not in ("input", "intent"):
+        raise InvalidTransition("a restart corrects the run's input or the step's intent: choose one")
+    return edit, parse_object(text or "", f"the corrected {edit}")
+
+
+def restarts(run) -> list:
+    """The run's restarts (its lineage), each with its difference as people read it."""
+    found = list(run.restarts.all())
+    for restart in found:
+        restart.changes = [transitions.change_text(c) for c in restart.diff]
+    return found
 
 
 def _decide(
@@ -118,8 +138,10 @@ class Action:
     recommended: bool = False
 
 
-# Where the console shows each action: the decision tools sit with the model's decision.
+# Where the console shows each action: the decision tools sit with the model's decision, a
+# restart has its page (recovery.console.restart_views), linked from the run page.
 DECISION_TOOLS = ("supersede", "decide_again")
+OWN_PAGES = (*DECISION_TOOLS, "restart")
 
 
 def offered(detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime) -> list[tuple[str, str | None]]:
@@ -149,7 +171,7 @@ def available_actions(
     pairs = offered(detail, user, now=now) if pairs is None else pairs
     workflow = detail["workflow"]
     steps = {s.step_name: s for s in detail["steps"]}
-    actions = [_button(name, steps.get(step), workflow) for name, step in pairs if name not in DECISION_TOOLS]
+    actions = [_button(name, steps.get(step), workflow) for name, step in pairs if name not in OWN_PAGES]
     actions = [_with_targets(a, detail) if a.name == "move_version" else a for a in actions]
     four_eyes = workflow.four_eyes if workflow is not None else frozenset()
     return [_as_request(a) if a.name in four_eyes else a for a in actions]

@@ -141,6 +141,8 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
     detail.update(
         **panel.action_panel(detail, request.user, now=now, pairs=pairs),
         decision_tools=services.decision_tools(detail, request.user, now=now, pairs=pairs),
+        restart_from=[step for name, step in pairs if name == "restart"],
+        restarts=services.restarts(detail["run"]),
         approvals=approvals,
         why=why.why_not_moving(
             detail["run"],
@@ -245,6 +247,7 @@ def run_action(request: HttpRequest, workflow_id: str) -> HttpResponse:
             hours=request.POST.get("hours"),
             to_version=request.POST.get("to_version"),
             effects_stand=request.POST.get("effects_stand") == "on",
+            correction=(request.POST.get("edit", ""), request.POST.get("json", "")),
             actor=request.user,
             request_id=request.POST.get("request") or None,
         )

@@ -148,11 +148,17 @@ def action_row(action: str, *, needs: str = "", step: str | None = None, role: R
             "request": w.request_id if needs == "approval" else "",
             "decision": CORRECTED if action == "supersede" else "",
             "to_version": "2" if action == "move_version" else "",
+            **(restart_body(run(w)) if action == "restart" else {}),
         },
         headers=lambda w: {"HX-Request": "true", "HX-Target": "run-body"},
         changes=True,
         needs=needs,
     )
+
+
+def restart_body(run) -> dict[str, str]:
+    """A restart's correction: the order's text with one more amount in it (the model decides again)."""
+    return {"edit": "input", "json": json.dumps({**run.input, "text": f"{run.input.get('text', '')} 5"})}
 
 
 def _role(action: str) -> Role:
@@ -202,6 +208,30 @@ MATRIX: list[Row] = [
     action_row("pause", needs="moving"),  # an operator's: a run due now stops before its next step
     action_row("unpause", needs="paused"),
     action_row("retry_now", needs="backoff", step="create_task"),  # an operator's: the backoff dropped
+    action_row("restart", step="create_task"),  # a supervisor's: from the failed step, the order corrected
+    Row(
+        "console:run-restart",
+        "restart page",
+        Console(Role.SUPERVISOR),
+        {**READ, "POST": 200},  # the form, and what a correction would do (nothing written)
+        url=lambda w: f"/runs/{w.failed.workflow_id}/restart",
+        body=lambda w: {"stage": "preview", "step": "create_task", **restart_body(w.failed)},
+    ),
+    Row(
+        "console:run-restart",
+        "restart, confirmed",
+        Console(Role.SUPERVISOR),
+        {**READ, "POST": 302},  # back to the run page
+        url=lambda w: f"/runs/{w.failed.workflow_id}/restart",
+        body=lambda w: {
+            "stage": "confirm",
+            "step": "create_task",
+            "reason": "matrix",
+            "version": run_version(w.failed),
+            **restart_body(w.failed),
+        },
+        changes=True,
+    ),
     action_row("approve", needs="approval"),  # another supervisor's request to terminate
     action_row("reject", needs="approval"),
     Row(

@@ -46,8 +46,9 @@ RUNS_TABLE_QUERIES = 6  # an htmx refresh of the table: no filter form
 # counts, and the total of runs matching the filters ("1,234 runs", capped too).
 COUNTS_QUERIES = 6
 # Session, user, role, the run, its steps, audit events, decisions, outbox, alerts (their deliveries
-# only when it has some), saved versions, timeline, its stuck causes, and whether any executor is live.
-RUN_PAGE_QUERIES = 13
+# only when it has some), saved versions, timeline, its stuck causes, its restarts, and whether any
+# executor is live.
+RUN_PAGE_QUERIES = 14
 
 SEARCH = "order:t:a"
 
