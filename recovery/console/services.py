@@ -274,9 +274,27 @@ def pending_approvals(run: WorkflowRun, workflow, user: AbstractBaseUser) -> lis
             "can_approve": can(user, "approve") and request.requested_by_id != user.pk,
             "can_reject": can(user, "approve"),
             "own": request.requested_by_id == user.pk,
+            "plan": _requested_restart(run, request),
         }
         for request in pending
     ]
+
+
+def _requested_restart(run: WorkflowRun, request) -> list[str]:
+    """What a requested restart would do now, as its requester saw it before asking (the
+    difference, each effect's fate), for the supervisor who approves it; or why it no longer can."""
+    if not ACTIONS[request.action].correction:
+        return []
+    edited, value = (request.options or {}).get("correction") or ("", None)
+    situation = transitions.Situation.of(run, run.steps.all(), clock.now())
+    try:
+        effects_stand = bool((request.options or {}).get("effects_stand"))
+        plan = transitions.restart_preview(
+            situation, request.step_name, edited=edited, value=value, effects_stand=effects_stand
+        )
+    except InvalidTransition as exc:
+        return [f"it can no longer run as asked: {exc}"]
+    return plan.lines()
 
 
 # --- bulk ---------------------------------------------------------------------------

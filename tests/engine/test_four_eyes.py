@@ -19,6 +19,7 @@ from recovery.engine.transitions import (
     approval_grant,
     approval_reject,
     approval_request,
+    perform,
     run_compensate,
     run_start,
     run_terminate,
@@ -282,3 +283,51 @@ def test_in_the_console_one_supervisor_requests_and_another_approves(clock, peop
     assert WorkflowRun.objects.get(pk=run.pk).state == RunState.TERMINATED
     assert [a for a, *_ in trail(run)][-3:] == ["approval_request", "approval_grant", "terminate"]
     assert AuditEvent.objects.filter(action="approval_grant", actor_user=people["bob"]).count() == 1
+
+
+def test_a_restart_waits_for_another_supervisor_then_runs_with_the_correction_it_was_asked_with(clock, people):
+    """The request carries the correction and its difference; the grant performs exactly it."""
+    run = drive(run_start(workflow="test_guarded", data={"tenant": "t", "order_id": "fix", "text": "120"})[0], clock)
+    assert run.state == RunState.COMPLETED
+    corrected = ("intent", {"amount": 125})
+    with pytest.raises(ApprovalRequired):  # not directly: the workflow puts restarts behind four eyes
+        perform(
+            "restart",
+            workflow_id=run.workflow_id,
+            step_name="post_entry",
+            actor=people["alice"],
+            reason="amount misread",
+            correction=corrected,
+        )
+    said = services.apply_action(
+        action="restart",
+        workflow_id=run.workflow_id,
+        step="post_entry",
+        reason="amount misread",
+        expect=None,
+        remote_ref="",
+        correction=("intent", '{"amount": 125}'),
+        actor=people["alice"],
+    )
+    assert (
+        said
+        == "restart from a step with a corrected input requested: another supervisor must approve it before it runs"
+    )
+    request = ApprovalRequest.objects.get(run=run, action="restart")
+    assert request.options == {"correction": ["intent", {"amount": 125}], "effects_stand": False}
+    asked = AuditEvent.objects.get(run=run, action="approval_request")
+    assert asked.after["approval"]["correction"] == ["intent", {"amount": 125}]
+    assert receivers.counts()["ledger"] == 1  # nothing done yet
+    bob = Client()
+    bob.force_login(people["bob"])
+    page = bob.get(reverse("console:run", args=[run.workflow_id])).content.decode()
+    shown = page.split("data-requested-plan>")[1].split("</ul>")[0]
+    assert "<code>  amount: 120 → 125</code>" in shown and "post_entry: entry-" in shown
+
+    with pytest.raises(InvalidTransition, match="another supervisor"):
+        approval_grant(request_id=request.pk, actor=people["alice"], reason="mine")
+    approval_grant(request_id=request.pk, actor=people["bob"], reason="checked the scan")
+    run = drive(WorkflowRun.objects.get(pk=run.pk), clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts()["ledger"] == 2 and receivers.compensations()["reversal"] == 1
+    assert run.steps.get(step_name="post_entry").intent == {"amount": 125, "category": "office"}
