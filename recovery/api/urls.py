@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from recovery.api import incidents
+from recovery.api import incidents, runs
 from recovery.api import views as api
 
 app_name = "api"
@@ -12,4 +12,5 @@ urlpatterns = [
     path("workflows/<str:workflow_name>/pauses", incidents.pauses, name="workflow-pauses"),
     path("workflows/<str:workflow_name>/pause", incidents.pause, name="workflow-pause"),
     path("workflows/<str:workflow_name>/unpause", incidents.unpause, name="workflow-unpause"),
+    path("runs/<path:workflow_id>/<str:action>", runs.act, name="run-act"),
 ]

@@ -352,6 +352,17 @@ MATRIX: list[Row] = [
         changes=True,
     ),
     Row(
+        "api:run-act",
+        "incident API: pause a run",
+        TOKEN,
+        {"POST": 200},
+        url=lambda w: f"/api/runs/{w.moving.workflow_id}/pause",
+        body=lambda w: {"reason": "matrix"},
+        json_body=True,
+        changes=True,
+        needs="moving",
+    ),
+    Row(
         "api:workflow-unpause",
         "incident API: unpause",
         TOKEN,

@@ -380,9 +380,10 @@ def _renewal(now: datetime, step_name: str) -> dict[str, Any]:
     return {"updated_at": now, "lease_expires_at": now + lease_duration(), "current_step": step_name}
 
 
-def _save(obj: WorkflowRun | StepExecution, fields: set[str], actor: AbstractBaseUser | None) -> None:
-    if actor is None:
-        # The engine's own checkpoint: one UPDATE, no saved version (see _history_user).
+def _save(obj: WorkflowRun | StepExecution, fields: set[str], actor: AbstractBaseUser | str | None) -> None:
+    if actor is None or isinstance(actor, str):
+        # The engine's own checkpoint, or a system's (``"api:monitor"``, audited under that name):
+        # one UPDATE, no saved version — versions are what people saved (see _history_user).
         storage.update(type(obj), obj.pk, {name: getattr(obj, name) for name in fields})
     else:
         _history_user(obj, actor)

@@ -165,9 +165,11 @@ def unpausable(s: Situation, step_name: str | None, actor) -> str:
 
 
 def role_refusal(action: str, actor: AbstractBaseUser | None) -> NotPermitted | None:
-    """The action's lowest role (recovery.actions, recovery.permissions) against a person's."""
+    """The action's lowest role (recovery.actions, recovery.permissions) against a person's. A
+    system (None: the executor; a label, ``"api:monitor"``: a token, whose capability its API
+    checked) has no role to check."""
     spec = ACTIONS[action]
-    if actor is None or permissions.can(actor, spec.permission):
+    if actor is None or isinstance(actor, str) or permissions.can(actor, spec.permission):
         return None
     role = permissions.role_of(actor).name.lower()
     needed = permissions.REQUIRED_ROLE[spec.permission].name.lower()

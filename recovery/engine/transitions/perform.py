@@ -23,7 +23,7 @@ def perform(
     action: str,
     *,
     workflow_id: str,
-    actor: AbstractBaseUser | None,
+    actor: AbstractBaseUser | str | None,
     reason: str,
     step_name: str | None = None,
     evidence: dict[str, Any] | None = None,
@@ -41,6 +41,7 @@ def perform(
     the page's version (``expect``) and the four-eyes rule. ``correction``: a restart's
     ("input" or "intent", the corrected JSON). A person's role is checked here
     for every surface (NotPermitted); the executor and systems (``actor`` None) are not people.
+    A system's label (``"api:monitor"``) acts as a system: its API checked what its token may do.
     Raises InvalidTransition for an unknown action or a missing step, as the transitions do
     for everything else."""
     spec = ACTIONS.get(action)
@@ -86,5 +87,6 @@ def perform(
     if approval is not None:
         arguments["approval"] = approval
     run = performed_by.transition(**arguments)
-    metrics.operator_action(action, role_of(actor).name.lower() if actor is not None else "system")
+    person = actor is not None and not isinstance(actor, str)
+    metrics.operator_action(action, role_of(actor).name.lower() if person else "system")
     return run
