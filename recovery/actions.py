@@ -125,6 +125,16 @@ ACTIONS: dict[str, OperatorAction] = {
             button="Try {step} now, same budget",
         ),
         OperatorAction(
+            "reset_attempts",
+            "reset attempts",
+            "reset_attempts",
+            StepArg.REQUIRED,
+            does="gives {step} its retry budget back: the attempts so far no longer count against it; its next "
+            "attempt stays due when it was",
+            sends="nothing now; {step}'s request again under the same key when its retry is due",
+            button="Give {step} its retry budget back",
+        ),
+        OperatorAction(
             "reconcile",
             "reconcile",
             "reconcile",

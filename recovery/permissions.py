@@ -36,6 +36,7 @@ REQUIRED_ROLE: dict[str, Role] = {
     "fork_agent": Role.SUPERVISOR,  # let a stopped agent go on, or ask it again from an earlier turn
     "move_version": Role.SUPERVISOR,  # move a run to another version of its workflow (after a deploy)
     "restart": Role.SUPERVISOR,  # restart a run from a step with a corrected input or intent
+    "reset_attempts": Role.SUPERVISOR,  # give a step waiting for its retry its whole budget back
     "pause_workflow": Role.SUPERVISOR,  # pause (and unpause) a whole workflow, or one step of it
     "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.engine.transitions.approval_grant)
     "bulk": Role.OPERATOR,  # the bulk form; each action then needs its own role (terminate: a supervisor)

@@ -208,6 +208,7 @@ MATRIX: list[Row] = [
     action_row("pause", needs="moving"),  # an operator's: a run due now stops before its next step
     action_row("unpause", needs="paused"),
     action_row("retry_now", needs="backoff", step="create_task"),  # an operator's: the backoff dropped
+    action_row("reset_attempts", needs="backoff", step="create_task"),  # a supervisor's: the budget back
     action_row("restart", step="create_task"),  # a supervisor's: from the failed step, the order corrected
     Row(
         "console:run-restart",

@@ -1,14 +1,15 @@
 """Retry now (issue 37): an operator drops a waiting step's backoff. The next attempt is made now,
 under the same key, and counts in the step's retry budget: no attempt is made beyond it, and an
-attempt that fails again waits its backoff as before. Refused where an outcome is unknown."""
+attempt that fails again waits its backoff as before. Refused where an outcome is unknown. Reset
+attempts: a supervisor gives a waiting step its whole budget back."""
 
 from __future__ import annotations
 
 import pytest
 
 from recovery.engine.executor import advance
-from recovery.engine.transitions import run_pause, run_start, step_retry_now
-from recovery.errors import InvalidTransition, TransientError
+from recovery.engine.transitions import perform, run_pause, run_start, step_reset_attempts, step_retry_now
+from recovery.errors import InvalidTransition, NotPermitted, TransientError
 from recovery.models import AuditEvent, RunState, StepState, WorkflowRun
 from tests.support import receivers, workflows
 from tests.support.console import act, failed_run, login
@@ -85,3 +86,37 @@ def test_retry_now_from_the_run_page(clock):
     assert act(operator, run, "retry_now", step="create_task", reason="tracker back").status_code == 200
     assert drive(run, clock).state == RunState.COMPLETED
     assert act(login("viewer"), run, "retry_now", step="create_task", reason="x").status_code == 403
+
+
+def test_reset_attempts_gives_a_waiting_step_its_budget_back_and_keeps_it_due_when_it_was(clock):
+    """Five failures in a row spend a budget of four: the run goes to review. A supervisor who
+    gives the step its budget back after its third failure lets it reach the sixth attempt."""
+    sam, olga = person("sam"), person("olga", "operator")
+    control = waiting("r-control", failures=5)
+    assert drive(control, clock).state == RunState.NEEDS_REVIEW
+    receivers.clear()  # the fifth failure it had no attempt left for
+
+    run = waiting("r-1", failures=5)
+    task = run.steps.get(step_name="create_task")
+    while task.attempts < 3:
+        clock.set(task.next_attempt_at)
+        advance(run.pk, owner="test-executor")
+        task.refresh_from_db()
+    due = task.next_attempt_at
+    with pytest.raises(NotPermitted, match="may not reset attempts: that needs the supervisor role"):
+        perform("reset_attempts", workflow_id=run.workflow_id, step_name="create_task", actor=olga, reason="r")
+    step_reset_attempts(workflow_id=run.workflow_id, step_name="create_task", actor=sam, reason="tracker is flaky")
+    task.refresh_from_db()
+    run.refresh_from_db()
+    assert (task.attempts, task.budget_start_attempt, task.next_attempt_at) == (3, 3, due)
+    assert run.state == RunState.WAITING and run.next_wake_at == due
+    event = AuditEvent.objects.get(run=run, action="reset_attempts")
+    assert (event.actor, event.after["attempts_counted"]) == ("sam", 3)
+
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED and run.steps.get(step_name="create_task").attempts == 6
+    assert receivers.counts() == {"task": 1, "message": 1, "ledger": 1, "model_call": 2}  # the control's model call
+    failed = failed_run(clock, "r-failed")  # nothing waits for a retry: refused, nothing written
+    with pytest.raises(InvalidTransition, match="only a run waiting for a retry"):
+        step_reset_attempts(workflow_id=failed.workflow_id, step_name="create_task", actor=sam, reason="r")
+    assert AuditEvent.objects.filter(action="reset_attempts").count() == 1

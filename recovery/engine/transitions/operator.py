@@ -110,6 +110,23 @@ def step_retry_now(act: Act) -> None:
     act.release(RunState.PENDING, f"{act.step_name}: to be tried now, asked by {act.who}")
 
 
+@operator_transition("reset_attempts", offered=offers.backoff_waiting)
+def step_reset_attempts(act: Act) -> None:
+    """Give a step waiting for its retry its whole retry budget back (a supervisor's): the attempts
+    made so far, and the time spent, no longer count against it; it stays due when it was (the
+    run keeps waiting). Refused where an outcome is unknown (reconcile first) or nothing waits."""
+    step = act.step
+    act.extra["attempts_counted"] = step.attempts - step.budget_start_attempt
+    due = step.next_attempt_at
+    _fresh_budget(step)
+    step.next_attempt_at = due
+    act.save_step(step, BUDGET_FIELDS)
+    act.run.status_reason = redact_text(
+        f"{act.step_name}: retry budget given back by {act.who}; next attempt at {due:%H:%M:%S} UTC"
+    )
+    act.save_run(["status_reason"])  # the executor's copy of the run is stale: it reads it again
+
+
 @operator_transition("reconcile", offered=offers.step_in("reconcile", frozenset({StepState.UNKNOWN})))
 def step_reconcile(act: Act) -> None:
     """Reconcile an unknown step with the remote system now (look up by key, or resend the
