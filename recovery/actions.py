@@ -87,8 +87,8 @@ ACTIONS: dict[str, OperatorAction] = {
             "pause",
             "resume",
             bulk=True,
-            does="no new attempt starts until the run is unpaused: a call in flight finishes and is recorded, "
-            "timers and in-flight windows keep running",
+            does="no new attempt (nor compensation) starts until the run is unpaused: a call in flight finishes "
+            "and is recorded, timers and in-flight windows keep running",
             sends="nothing",
             button="Pause",
         ),
@@ -98,7 +98,8 @@ ACTIONS: dict[str, OperatorAction] = {
             "resume",
             bulk=True,
             waves=True,
-            does="the run goes on where it stopped: due at once, or when its step's timer runs out",
+            does="the run goes on where it stopped (forward, or compensating): due at once, or when its step's "
+            "timer runs out",
             sends="the next step's request when its turn comes, under its own key",
             button="Unpause",
         ),

@@ -354,6 +354,8 @@ def drive(
             if receivers is None:
                 raise
         run.refresh_from_db()
+        if run.state == RunState.PAUSED:  # at rest until unpaused, whatever timer it keeps
+            return run
         if run.lease_owner:
             clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
         elif run.next_wake_at is not None:

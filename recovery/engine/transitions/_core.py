@@ -210,9 +210,11 @@ class PauseReached(Exception):
 
 
 def pausing(run: WorkflowRun) -> bool:
-    """An operator asked to pause the run while an executor held it: it stops at its next step
-    boundary, once what is in flight is recorded."""
-    return run.state == RunState.RUNNING and run.paused_at is not None
+    """An operator asked to pause the run while an executor held it (going forward, or
+    compensating): it stops at its next step boundary, once what is in flight is recorded."""
+    return run.paused_at is not None and (
+        run.state == RunState.RUNNING or (run.state == RunState.COMPENSATING and bool(run.lease_owner))
+    )
 
 
 def paused_text(run: WorkflowRun) -> str:
@@ -247,11 +249,12 @@ def paused_error(draft: Draft) -> RunPaused:
 
 def _pause_over(run: WorkflowRun) -> set[str]:
     """After an executor's transition of a run whose pause was asked for: a run given back to be
-    due (or waiting for a timer) is paused instead; one that stopped by itself (review, failure,
-    completion, compensation) ends the request. The run's fields so changed."""
-    if run.paused_at is None or run.state in (RunState.RUNNING, RunState.PAUSED):
+    due (or waiting for a timer, or to compensate later) is paused instead; one that stopped by
+    itself (review, failure, completion, a failed compensation) ends the request. The run's fields
+    so changed."""
+    if run.paused_at is None or run.state in (RunState.RUNNING, RunState.PAUSED) or pausing(run):
         return set()
-    if run.state in (RunState.PENDING, RunState.WAITING):
+    if run.state in (RunState.PENDING, RunState.WAITING, RunState.COMPENSATING):  # given back: due, or later
         run.state = RunState.PAUSED
         run.status_reason = redact_text(paused_text(run))
         return {"state", "status_reason"}

@@ -90,12 +90,13 @@ class Act:
         """The run leaves the operator's hands in ``state`` with ``status`` as its reason; due
         again (the executor woken) unless it is stopped for good or waits for a person.
         ``fence``: an executor still holding a lease can write nothing more."""
-        later = self.wake_at if state == RunState.PENDING and self.wake_at and self.wake_at > self.now else None
+        due = state in (RunState.PENDING, RunState.COMPENSATING)  # it goes on by itself: forward, or undoing
+        later = self.wake_at if due and self.wake_at and self.wake_at > self.now else None
         _release_into(self.run, state, wake_at=later, reason=status)
         if fence:
             self.run.lease_generation += 1
         self.save_run([*RUN_LEASE_FIELDS, "status_reason", *fields])
-        self.wake = self.wake or (state == RunState.PENDING and later is None)  # later: the sweeper's
+        self.wake = self.wake or (due and later is None)  # later: the sweeper's
         if later is not None:
             self.extra["due_at"] = later.isoformat()
 

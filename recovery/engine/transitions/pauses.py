@@ -11,7 +11,9 @@ and the run is given back as paused."""
 
 from __future__ import annotations
 
-from recovery.models import RunState
+from collections.abc import Iterable
+
+from recovery.models import RunRestart, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 
 from . import offers
@@ -25,9 +27,9 @@ PAUSE_FIELDS = ("paused_at", "paused_by", "pause_reason")
 
 @operator_transition("pause", offered=offers.pausable)
 def run_pause(act: Act) -> None:
-    """Pause a run that moves by itself (pending, waiting, running): no new attempt starts until
-    it is unpaused. Held by a live executor, it is paused at that executor's next step boundary,
-    once the call in flight is recorded; otherwise at once."""
+    """Pause a run that moves by itself (pending, waiting, running, compensating): no new attempt
+    (nor compensation) starts until it is unpaused. Held by a live executor, it is paused at that
+    executor's next step boundary, once the call in flight is recorded; otherwise at once."""
     run = act.run
     run.paused_at, run.paused_by, run.pause_reason = act.now, act.who, redact_text(act.reason)[:1000]
     # An operator's own pause: a canary released from its workflow's pause is one no more (that
@@ -47,17 +49,28 @@ def run_pause(act: Act) -> None:
 @operator_transition("unpause", offered=offers.unpausable)
 def run_unpause(act: Act) -> None:
     """Let a paused run go on where it stopped: it is due at once (a step whose timer has not run
-    out waits for it), or at ``wake_at`` in a release in waves. A pause not reached yet is
-    withdrawn: its executor goes on."""
+    out waits for it), or at ``wake_at`` in a release in waves — going forward, or compensating
+    if it was (``resumed_state``). A pause not reached yet is withdrawn: its executor goes on."""
     run = act.run
     act.before = {**_snap(run), "paused_by": run.paused_by}
     run.paused_at, run.paused_by, run.pause_reason = None, None, None
     if run.state == RunState.PAUSED:
-        _check(RUN_TRANSITIONS, "unpause", run.state, "run")
+        target = resumed_state(run, act.situation.steps)
         run.workflow_pause_id = None  # released with its workflow's pause, or never held by one
-        act.release(RunState.PENDING, f"unpaused by {act.who}", fields=(*PAUSE_FIELDS, "workflow_pause_id"))
+        act.release(target, f"unpaused by {act.who}", fields=(*PAUSE_FIELDS, "workflow_pause_id"))
     else:  # asked for while an executor held it, not reached yet
         act.save_run(list(PAUSE_FIELDS))
+
+
+def resumed_state(run: WorkflowRun, steps: Iterable[StepExecution] | None = None) -> RunState:
+    """Where a paused run goes on: compensating, if it was paused while undoing its effects
+    (steps still marked for compensation, or a restart waiting for its compensations to be
+    applied); else forward, pending. Checked against the table."""
+    steps = StepExecution.objects.filter(run=run) if steps is None else steps
+    undoing = any(step.state == StepState.COMPENSATING for step in steps)
+    if undoing or RunRestart.objects.filter(run=run, applied_at__isnull=True).exists():
+        return _check(RUN_TRANSITIONS, "unpause_compensation", run.state, "run")
+    return _check(RUN_TRANSITIONS, "unpause", run.state, "run")
 
 
 def run_pause_reached(*, lease: Lease) -> None:

@@ -24,7 +24,7 @@ from recovery.redaction import redact_text
 from recovery.states import pause_scope
 
 from ._core import RUN_LEASE_FIELDS, _actor_fields, _audit, _release_into, _save_run, _snap, require_reason
-from .pauses import PAUSE_FIELDS
+from .pauses import PAUSE_FIELDS, resumed_state
 from .waves import Waves
 from .workflow_pauses import _require_supervisor
 
@@ -114,7 +114,8 @@ def _release(
         if run.state == RunState.PAUSED and run.workflow_pause_id == pause.pk:
             run.paused_at, run.paused_by, run.pause_reason = None, None, None
             run.workflow_pause_id = pause.pk if canary else None
-            _release_into(run, RunState.PENDING, wake_at=wake_at, reason=f"unpaused by {_actor_fields(actor)['actor']}")
+            target = resumed_state(run)  # forward, or compensating if it was paused undoing its effects
+            _release_into(run, target, wake_at=wake_at, reason=f"unpaused by {_actor_fields(actor)['actor']}")
             fields = [*RUN_LEASE_FIELDS, "status_reason", *PAUSE_FIELDS, "workflow_pause_id"]
         elif run.state == RunState.PENDING and not pause.step_name and run.workflow_name == pause.workflow_name:
             run.next_wake_at, fields = wake_at, ["next_wake_at"]  # kept pending: due now, or in its wave

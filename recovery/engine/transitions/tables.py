@@ -9,10 +9,11 @@ from recovery.states import AuditAction
 
 EXECUTOR = "executor"
 
-# Where a pause stops a run: before a new attempt (a call begun, a message queued). An operator's
-# pause of the run (transitions.pauses), or a supervisor's of its workflow or of that step
-# (transitions.workflow_pauses), which the write of a new attempt checks itself.
-PAUSE_POINTS = frozenset({AuditAction.STEP_BEGIN, AuditAction.STEP_ENQUEUE})
+# Where a pause stops a run: before a new attempt (a call begun, a message queued, a compensation
+# sent). An operator's pause of the run (transitions.pauses), or a supervisor's of its workflow or of
+# that step — a step's pause holds its compensation too: the same receiver — (transitions.
+# workflow_pauses), which the write of a new attempt checks itself.
+PAUSE_POINTS = frozenset({AuditAction.STEP_BEGIN, AuditAction.STEP_ENQUEUE, AuditAction.COMPENSATION_BEGIN})
 
 # action -> (states it may start from, state it leads to)
 RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
@@ -28,9 +29,14 @@ RUN_TRANSITIONS: dict[str, tuple[frozenset[RunState], RunState]] = {
     "retry_now": (frozenset({RunState.WAITING}), RunState.PENDING),
     # an operator pauses a run that moves by itself: at once, or (held by a live executor) at its
     # next step boundary, once the call in flight is recorded (pause_reached)
-    "pause": (frozenset({RunState.PENDING, RunState.WAITING, RunState.RUNNING}), RunState.PAUSED),
-    "pause_reached": (frozenset({RunState.RUNNING}), RunState.PAUSED),
+    "pause": (
+        frozenset({RunState.PENDING, RunState.WAITING, RunState.RUNNING, RunState.COMPENSATING}),
+        RunState.PAUSED,
+    ),
+    "pause_reached": (frozenset({RunState.RUNNING, RunState.COMPENSATING}), RunState.PAUSED),
     "unpause": (frozenset({RunState.PAUSED}), RunState.PENDING),
+    # a run paused while it compensated goes on compensating (transitions.pauses.resumed_state)
+    "unpause_compensation": (frozenset({RunState.PAUSED}), RunState.COMPENSATING),
     # an operator stops an agent step, even while an executor runs it (its lease is fenced off)
     "hold": (
         frozenset({RunState.PENDING, RunState.RUNNING, RunState.WAITING, RunState.NEEDS_REVIEW, RunState.FAILED}),
