@@ -6,15 +6,12 @@ is released the run completes with one remote object per step — never a second
 from __future__ import annotations
 
 import pytest
-from django.conf import settings
 
 from recovery.engine import failpoints
-from recovery.engine.executor import advance
-from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import run_start, workflow_pause, workflow_unpause
 from recovery.models import RunState, WorkflowPause, WorkflowRun
 from tests.support import receivers
-from tests.support.engine import assert_invariants, drive, person
+from tests.support.engine import assert_invariants, doomed_worker, drive, person
 
 pytestmark = pytest.mark.django_db
 
@@ -47,17 +44,8 @@ def test_a_pause_at_every_step_boundary_with_a_kill_leaves_one_object_per_step(s
 
     run = run_start(workflow="test_orders", data={"tenant": "t", "order_id": f"{step}-{point}"})[0]
     monkeypatch.setattr(failpoints, "hit", paused_then_killed)
-    for _ in range(20):  # the doomed worker, until it dies at the failpoint
-        try:
-            advance(run.pk, owner="doomed")
-            publish_due(owner="doomed")
-        except failpoints.FailpointRaised:
-            break
-        run.refresh_from_db()
-        if run.next_wake_at:
-            clock.set(run.next_wake_at)
+    doomed_worker(run, clock)  # until it dies at the failpoint; its lease runs out, another takes over
     assert fired, f"{step}:{point} was never reached"
-    clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)  # its lease runs out; another takes over
 
     run = drive(run, clock)
     counts = receivers.counts()

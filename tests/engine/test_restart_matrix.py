@@ -7,15 +7,12 @@ and one second effect per step — never a third, never a second compensation.""
 from __future__ import annotations
 
 import pytest
-from django.conf import settings
 
 from recovery.engine import failpoints
-from recovery.engine.executor import advance
-from recovery.engine.publisher import publish_due
 from recovery.engine.transitions import run_restart, run_start
 from recovery.models import RunRestart, RunState, WorkflowRun
 from tests.support import receivers
-from tests.support.engine import assert_invariants, drive, person
+from tests.support.engine import assert_invariants, doomed_worker, drive, person
 
 pytestmark = pytest.mark.django_db
 
@@ -61,17 +58,8 @@ def test_a_restart_killed_at_every_boundary_undoes_each_effect_once_and_makes_it
             raise failpoints.FailpointRaised(f"killed at {step}:{point}")
 
     monkeypatch.setattr(failpoints, "hit", killed)
-    for _ in range(30):  # the doomed worker, until it dies at the failpoint
-        try:
-            advance(run.pk, owner="doomed")
-            publish_due(owner="doomed")
-        except failpoints.FailpointRaised:
-            break
-        run.refresh_from_db()
-        if run.next_wake_at:
-            clock.set(run.next_wake_at)
+    doomed_worker(run, clock)  # until it dies at the failpoint; its lease runs out, another takes over
     assert fired, f"{step}:{point} was never reached"
-    clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)  # its lease runs out; another takes over
 
     run = drive(WorkflowRun.objects.get(pk=run.pk), clock)
     assert run.state == RunState.COMPLETED, run.status_reason

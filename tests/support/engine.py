@@ -80,6 +80,25 @@ def advance_as_dying_workers(run: WorkflowRun, clock: MovableClock, rounds: int)
     return run
 
 
+def doomed_worker(run: WorkflowRun, clock: MovableClock, *, rounds: int = 30) -> None:
+    """A worker that advances the run and publishes its outbox, moving the clock to each retry
+    time, until an armed failpoint kills it (FailpointRaised, as a crash would); then its lease
+    runs out, and another may take the run over. At most ``rounds`` rounds."""
+    from recovery.engine.executor import advance
+    from recovery.engine.publisher import publish_due
+
+    for _ in range(rounds):
+        try:
+            advance(run.pk, owner="doomed")
+            publish_due(owner="doomed")
+        except failpoints.FailpointRaised:
+            break
+        run.refresh_from_db()
+        if run.next_wake_at:
+            clock.set(run.next_wake_at)
+    clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)
+
+
 def drive(run: WorkflowRun, clock: MovableClock, *, max_rounds: int = 60) -> WorkflowRun:
     """Advance a run the way production would until it comes to rest (recovery.testing.drive);
     fail the test if it does not."""

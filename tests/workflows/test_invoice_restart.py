@@ -44,6 +44,18 @@ def entries(run) -> list[tuple[str, str, str]]:
     return [(e.kind, e.reference, f"{e.amount:.2f}") for e in found]
 
 
+def assert_corrected(run) -> None:
+    """The run completed with its first posting reversed and the corrected one posted, once each;
+    its task and message as they were."""
+    assert run.state == RunState.COMPLETED, run.status_reason
+    assert [(k, a) for k, _, a in entries(run)] == [
+        (LedgerKind.ENTRY, "1840.00"),
+        (LedgerKind.REVERSAL, "-1840.00"),
+        (LedgerKind.ENTRY, "1850.00"),
+    ]
+    assert faults.counts() == {**ONE_OF_EACH, "ledger_entries": 2, "ledger_reversals": 1}
+
+
 def written(run) -> tuple:
     """Everything a refused restart must leave as it was: the run, its steps, its audit, its record."""
     run.refresh_from_db()
@@ -278,13 +290,7 @@ def test_a_reversal_that_fails_stops_the_restart_visibly_until_it_is_compensated
         workflow_id=run.workflow_id, step_name="post_ledger_entry", actor=supervisor(), reason="ledger fixed"
     )
     run = drive(run, clock)
-    assert run.state == RunState.COMPLETED
-    assert [(k, a) for k, _, a in entries(run)] == [
-        (LedgerKind.ENTRY, "1840.00"),
-        (LedgerKind.REVERSAL, "-1840.00"),
-        (LedgerKind.ENTRY, "1850.00"),
-    ]
-    assert faults.counts() == {**ONE_OF_EACH, "ledger_entries": 2, "ledger_reversals": 1}
+    assert_corrected(run)
 
 
 @pytest.mark.parametrize(
@@ -306,11 +312,5 @@ def test_a_crash_at_any_boundary_of_the_restart_leaves_one_reversal_and_one_corr
     with pytest.MonkeyPatch.context() as patch:
         crash_at(patch, point, lambda: drive(run, clock))
     run = drive(run, clock)
-    assert run.state == RunState.COMPLETED
-    assert [(k, a) for k, _, a in entries(run)] == [
-        (LedgerKind.ENTRY, "1840.00"),
-        (LedgerKind.REVERSAL, "-1840.00"),
-        (LedgerKind.ENTRY, "1850.00"),
-    ]
-    assert faults.counts() == {**ONE_OF_EACH, "ledger_entries": 2, "ledger_reversals": 1}
+    assert_corrected(run)
     assert_invariants()

@@ -33,74 +33,50 @@ from recovery.validation import one_line, problem_text, problems_of
 from recovery.workflow import Workflow, idempotency_key, workflow_of
 
 from ._core import RUN_LEASE_FIELDS, _audit, _check, _release_into, _save_run, _save_step, _snap
-from .acting import acting
+from .acting import Act, operator_transition
 from .compensation import _mark_compensation
-from .performers import performs
 from .restart_plan import KEPT, RestartPlan, plan_restart, restartable
 from .runs import _event, _pending
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
 
 
-@performs("restart", offered=restartable)
-def run_restart(
-    *,
-    workflow_id: str,
-    step_name: str,
-    actor: AbstractBaseUser | None,
-    reason: str,
-    edited: str,
-    value: Any,
-    effects_stand: bool = False,
-    expect: str | None = None,
-    now: datetime | None = None,
-    approval=None,
-) -> WorkflowRun:
+@operator_transition("restart", offered=restartable)
+def run_restart(act: Act, *, edited: str, value: Any, effects_stand: bool = False) -> None:
     """Restart the run from ``step_name`` with ``value``: the corrected input (``edited="input"``)
     or the fields of the step's intent to correct (``"intent"``). Every step from there is made
     again: a read or a model step at once, an effect under a new key — undone first by its
     compensation, or (``effects_stand``, where the step declares a ``second_effect``) left standing
     beside the second one. Refused, with nothing written, where ``restart_plan`` refuses."""
-    with acting(
-        "restart",
-        workflow_id=workflow_id,
-        step_name=step_name,
-        actor=actor,
-        reason=reason,
-        expect=expect,
-        now=now,
-        approval=approval,
-    ) as act:
-        run, workflow = act.run, workflow_of(act.run)
-        _check(RUN_TRANSITIONS, "restart", run.state, "run")
-        plan = planned(act.situation, step_name, edited=edited, value=value, effects_stand=effects_stand)
-        try:
-            with transaction.atomic():
-                restart = RunRestart.objects.create(
-                    run=run,
-                    step_name=step_name,
-                    edited=edited,
-                    before=plan.before,
-                    after=plan.after,
-                    diff=plan.diff,
-                    effects=plan.effects_json(),
-                    requested_by=act.who,
-                    reason=redact_text(act.reason),
-                    requested_at=act.now,
-                )
-        except IntegrityError as exc:  # one_restart_waiting_per_run
-            raise InvalidTransition(f"a restart of run {workflow_id} waits for its compensations already") from exc
-        act.extra.update(restart=restart.pk, edited=edited, diff=plan.diff, effects=plan.effects_json())
-        if plan.undo_first:
-            targets = [act.situation.step(name) for name in plan.undo_first]
-            order = _mark_compensation(run, targets, step_name=step_name, now=act.now, actor=act.actor)
-            run.status_reason = redact_text(f"compensating {', '.join(order)} first; then restarting from {step_name}")
-            act.save_run(["status_reason"])
-            act.extra["undo_first"] = order
-            act.wake = True
-            return run
-        _apply(run, act.situation.steps, restart, workflow, act.now, act.actor)
-        act.release(RunState.PENDING, f"restarted from {step_name} by {act.who}", fields=("input", "current_step"))
-        return run
+    run, step_name = act.run, act.step_name
+    _check(RUN_TRANSITIONS, "restart", run.state, "run")
+    plan = planned(act.situation, step_name, edited=edited, value=value, effects_stand=effects_stand)
+    try:
+        with transaction.atomic():
+            restart = RunRestart.objects.create(
+                run=run,
+                step_name=step_name,
+                edited=edited,
+                before=plan.before,
+                after=plan.after,
+                diff=plan.diff,
+                effects=plan.effects_json(),
+                requested_by=act.who,
+                reason=redact_text(act.reason),
+                requested_at=act.now,
+            )
+    except IntegrityError as exc:  # one_restart_waiting_per_run
+        raise InvalidTransition(f"a restart of run {run.workflow_id} waits for its compensations already") from exc
+    act.extra.update(restart=restart.pk, edited=edited, diff=plan.diff, effects=plan.effects_json())
+    if plan.undo_first:
+        targets = [act.situation.step(name) for name in plan.undo_first]
+        order = _mark_compensation(run, targets, step_name=step_name, now=act.now, actor=act.actor)
+        run.status_reason = redact_text(f"compensating {', '.join(order)} first; then restarting from {step_name}")
+        act.save_run(["status_reason"])
+        act.extra["undo_first"] = order
+        act.wake = True
+        return
+    _apply(run, act.situation.steps, restart, workflow_of(run), act.now, act.actor)
+    act.release(RunState.PENDING, f"restarted from {step_name} by {act.who}", fields=("input", "current_step"))
 
 
 def planned(situation, step_name: str, *, edited: str, value: Any, effects_stand: bool = False) -> RestartPlan:
