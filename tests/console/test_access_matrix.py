@@ -58,7 +58,7 @@ from tests.support import receivers
 from tests.support.console import failed_run, unknown_run
 from tests.support.engine import drive
 
-pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
+pytestmark = pytest.mark.django_db(databases=["default", "sandbox"])
 
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 # The four callers of the brief, and a fifth: no session, but the credential the URL's own

@@ -24,7 +24,7 @@ from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, 
 from tests.support import receivers, workflows
 from tests.support.engine import drive, person
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 _ids = itertools.count()
 

@@ -12,7 +12,7 @@ from recovery.workflow import CompensationPolicy
 from tests.support import receivers, workflows
 from tests.support.engine import assert_invariants, drive, person
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 EVENT = {"tenant": "t7", "order_id": "o-77", "text": "office chairs 120"}
 

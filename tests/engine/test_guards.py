@@ -17,7 +17,7 @@ from recovery.workflow import get_workflow
 from tests.support import receivers
 from tests.support.engine import drive
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 WRITES = {"task": 0, "message": 0, "ledger": 0}
 

@@ -11,7 +11,7 @@ from recovery.models import AuditEvent, DecisionState, ModelDecision, RunState, 
 from tests.support import receivers
 from tests.support.engine import assert_invariants, crash_at, drive, person, resolve_happened
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 EVENT = {"tenant": "t1", "order_id": "o-9", "text": "office desk 300"}
 
