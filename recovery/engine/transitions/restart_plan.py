@@ -58,13 +58,6 @@ class RestartPlan:
     effects: list[Effect] = field(default_factory=list)
 
     @property
-    def correction(self) -> dict[str, Any] | None:
-        """A corrected intent: the fields that changed, laid over the intent the step builds."""
-        if self.edited != "intent":
-            return None
-        return {key: value for key, value in self.after.items() if self.before.get(key) != value}
-
-    @property
     def undo_first(self) -> list[str]:
         return [e.step for e in self.effects if e.rule == UNDO]
 
