@@ -24,7 +24,7 @@ from tests.support.engine import advance_as_dying_workers, assert_invariants, dr
 from tests.support.models import RemoteObject
 from tests.support.workflows import JOURNAL
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 
 def start(order_id: str = "1", **data):

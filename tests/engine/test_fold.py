@@ -16,7 +16,7 @@ from recovery.testing import fault_matrix
 from tests.support import receivers
 from tests.support.engine import assert_invariants, crash_at, drive
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 EVENT = {"tenant": "t", "order_id": "fold-1", "text": "office chairs 120"}
 

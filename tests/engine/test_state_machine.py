@@ -21,7 +21,7 @@ from recovery.workflow import compensation_key
 from tests.support import receivers
 from tests.support.models import RemoteObject
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 ORDER_IDS = itertools.count()
 FAULT_KINDS = ["task", "message", "ledger", "task_cancel", "correction", "reversal"]

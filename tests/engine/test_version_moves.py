@@ -22,7 +22,7 @@ from tests.support.engine import assert_invariants, crash_at, drive, person, unf
 from tests.support.versioned_v1 import versioned_v1
 from tests.support.workflows import Decision
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 EVENT = {"tenant": "t1", "order_id": "mv-1"}
 ONE_EACH = {"task": 1, "message": 0, "ledger": 1, "model_call": 0}

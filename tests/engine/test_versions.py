@@ -24,7 +24,7 @@ from tests.support import receivers
 from tests.support.engine import assert_invariants
 from tests.support.versioned_v1 import versioned_v1
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 EVENT = {"tenant": "t1", "order_id": "dep-1"}
 

@@ -19,7 +19,7 @@ from recovery.observability import health
 from tests.support import receivers
 from tests.support.engine import drive, free_port
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 TOKEN = "test-metrics-token-0123456789"  # config/test_settings.py
 

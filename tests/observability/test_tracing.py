@@ -19,7 +19,7 @@ from recovery.models import RunState, WorkflowRun
 from tests.support import receivers
 from tests.support.engine import drive
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 EXPORTER = InMemorySpanExporter()
 
