@@ -42,12 +42,14 @@ def run_restart(request: HttpRequest, workflow_id: str) -> HttpResponse:
     try:
         if data.get("stage") != "confirm":
             situation = transitions.Situation.of(detail["run"], detail["steps"], clock.now())
-            refused = transitions.why_not("restart", situation, step_name=form["step"], actor=request.user)
-            if refused is not None:
-                raise refused
             edited, value = services.parse_correction(form["edit"], form["json"])
             plan = transitions.restart_preview(
-                situation, form["step"], edited=edited, value=value, effects_stand=form["effects_stand"]
+                situation,
+                form["step"],
+                actor=request.user,
+                edited=edited,
+                value=value,
+                effects_stand=form["effects_stand"],
             )
             return _page(request, detail, form, plan=plan)
         services.apply_action(

@@ -290,7 +290,7 @@ def _requested_restart(run: WorkflowRun, request) -> list[str]:
     try:
         effects_stand = bool((request.options or {}).get("effects_stand"))
         plan = transitions.restart_preview(
-            situation, request.step_name, edited=edited, value=value, effects_stand=effects_stand
+            situation, request.step_name, actor=None, edited=edited, value=value, effects_stand=effects_stand
         )
     except InvalidTransition as exc:
         return [f"it can no longer run as asked: {exc}"]

@@ -78,3 +78,8 @@ class RunRestart(models.Model):
 
     def __str__(self) -> str:
         return f"restart of {self.run_id} from {self.step_name}"
+
+    @classmethod
+    def waiting(cls, run_id: int) -> RunRestart | None:
+        """The run's restart not applied yet (it waits for its compensations), if any: at most one."""
+        return cls.objects.filter(run_id=run_id, applied_at__isnull=True).first()

@@ -85,7 +85,9 @@ def test_a_corrected_amount_reverses_the_first_posting_and_posts_the_corrected_o
     first = StepExecution.objects.get(run=run, step_name="post_ledger_entry")
     situation = transitions.Situation.of(run, run.steps.all(), clock.now())
 
-    plan = transitions.restart_preview(situation, "post_ledger_entry", edited="intent", value={"amount": "1850.00"})
+    plan = transitions.restart_preview(
+        situation, "post_ledger_entry", actor=None, edited="intent", value={"amount": "1850.00"}
+    )
     assert plan.diff == [{"path": "amount", "before": "1840.00", "after": "1850.00"}]
     assert [(e.step, e.rule, e.key_version) for e in plan.effects] == [("post_ledger_entry", "undo", 2)]
     assert plan.lines() == [
@@ -138,9 +140,11 @@ def test_a_corrected_invoice_makes_every_effect_again_and_the_first_message_stan
 
     situation = transitions.Situation.of(run, run.steps.all(), clock.now())
     # Unless the supervisor lets it stand, the first message is corrected (its compensation) first.
-    plan = transitions.restart_preview(situation, "read_invoice", edited="input", value=corrected)
+    plan = transitions.restart_preview(situation, "read_invoice", actor=None, edited="input", value=corrected)
     assert {e.step: e.rule for e in plan.effects}["notify_approver"] == "undo"
-    plan = transitions.restart_preview(situation, "read_invoice", edited="input", value=corrected, effects_stand=True)
+    plan = transitions.restart_preview(
+        situation, "read_invoice", actor=None, edited="input", value=corrected, effects_stand=True
+    )
     told = {e.step: e.text for e in plan.effects}["notify_approver"]
     assert told.startswith("a second message goes to the approver; the first stands (")
 

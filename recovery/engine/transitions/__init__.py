@@ -86,8 +86,7 @@ from .perform import perform
 from .performers import PERFORMERS, check_complete
 from .releases import workflow_unpause
 from .restart_plan import RestartPlan, change_text, corrected_intent
-from .restarts import planned as restart_preview
-from .restarts import restart_apply, run_restart
+from .restarts import restart_apply, restart_preview, run_restart
 from .runs import (
     Started,
     run_complete,

@@ -32,6 +32,7 @@ from ._core import (
     in_flight_text,
 )
 from .acting import Act, operator_transition
+from .restart_plan import UNDO
 from .tables import DONE_STEP_STATES, RUN_TRANSITIONS, STEP_TRANSITIONS
 
 # --- compensation (rule 10) -----------------------------------------------------------
@@ -91,9 +92,9 @@ def run_compensate(act: Act) -> None:
     act.before = _snap(act.run)
     step_name = act.step_name or None
     targets = offers.compensation_targets(act.situation, step_name)
-    waiting = RunRestart.objects.filter(run=act.run, applied_at__isnull=True).first()
+    waiting = RunRestart.waiting(act.run.pk)
     if waiting is not None:  # a restart waits for its own compensations, and for no other
-        undo = sorted(e["step"] for e in waiting.effects if e["rule"] == "undo")
+        undo = sorted(e["step"] for e in waiting.effects if e["rule"] == UNDO)
         if any(step.step_name not in undo for step in targets):
             raise InvalidTransition(
                 f"a restart from {waiting.step_name} waits for the compensation of {', '.join(undo)}: compensate "
@@ -270,7 +271,7 @@ def run_compensation_done(*, lease: Lease, now: datetime | None = None) -> RunSt
     def body(change: _Change) -> RunState:
         run = change.run
         _check(RUN_TRANSITIONS, "compensation_done", run.state, "run")
-        waiting = RunRestart.objects.filter(run_id=run.pk, applied_at__isnull=True).first()
+        waiting = RunRestart.waiting(run.pk)
         if waiting is not None:
             # Undone for a restart (transitions.restarts): the run stays compensating, due, until the
             # restart is applied (restart_apply, next) — never shown completed in between.

@@ -68,7 +68,7 @@ def resumed_state(run: WorkflowRun, steps: Iterable[StepExecution] | None = None
     applied); else forward, pending. Checked against the table."""
     steps = StepExecution.objects.filter(run=run) if steps is None else steps
     undoing = any(step.state == StepState.COMPENSATING for step in steps)
-    if undoing or RunRestart.objects.filter(run=run, applied_at__isnull=True).exists():
+    if undoing or RunRestart.waiting(run.pk) is not None:
         return _check(RUN_TRANSITIONS, "unpause_compensation", run.state, "run")
     return _check(RUN_TRANSITIONS, "unpause", run.state, "run")
 

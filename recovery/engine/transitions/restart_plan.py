@@ -182,12 +182,11 @@ def plan_restart(
     effects_stand: bool = False,
     check_input=None,
 ) -> RestartPlan:
-    """What restarting the run from ``step_name`` with ``value`` — the corrected input
+    """What restarting the run from ``step_name`` — an action its caller found offered
+    (``restartable``, through offers.why_not) — with ``value``, the corrected input
     (``edited="input"``, checked by ``check_input``: the workflow's schema and the run's id) or
     the step's corrected intent (``"intent"``, the fields to change) — would do; InvalidTransition
     when it may not (the refusal says why, and what to do instead)."""
-    if refused := restartable(s, step_name, None):
-        raise InvalidTransition(refused)
     if edited not in EDITS:
         raise InvalidTransition("a restart corrects the run's input or the step's intent: give one of them")
     if not isinstance(value, dict):

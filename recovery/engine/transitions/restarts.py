@@ -35,6 +35,7 @@ from recovery.workflow import Workflow, idempotency_key, workflow_of
 from ._core import RUN_LEASE_FIELDS, _audit, _check, _release_into, _save_run, _save_step, _snap
 from .acting import Act, operator_transition
 from .compensation import _mark_compensation
+from .offers import why_not
 from .restart_plan import KEPT, RestartPlan, plan_restart, restartable
 from .runs import _event, _pending
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
@@ -79,9 +80,21 @@ def run_restart(act: Act, *, edited: str, value: Any, effects_stand: bool = Fals
     act.release(RunState.PENDING, f"restarted from {step_name} by {act.who}", fields=("input", "current_step"))
 
 
+def restart_preview(
+    situation, step_name: str | None, *, actor, edited: str, value: Any, effects_stand: bool = False
+) -> RestartPlan:
+    """What restarting the run would do, for ``actor`` now, refused as the transition would refuse
+    it (the role, the run's state, the correction); nothing written: the console's preview, the
+    approver's view of a request, ``recover restart --dry-run``."""
+    refused = why_not("restart", situation, step_name=step_name, actor=actor)
+    if refused is not None:
+        raise refused
+    return planned(situation, step_name, edited=edited, value=value, effects_stand=effects_stand)
+
+
 def planned(situation, step_name: str, *, edited: str, value: Any, effects_stand: bool = False) -> RestartPlan:
-    """``plan_restart`` with the run's own checks of a corrected input (the workflow's schema and
-    the run's identity) and of its outbox: what the console's preview and ``--dry-run`` show."""
+    """``plan_restart`` of an offered restart, with the run's own checks of a corrected input (the
+    workflow's schema and the run's identity) and of its outbox."""
     run = situation.run
     plan = plan_restart(
         situation,
@@ -131,7 +144,7 @@ def restart_apply(*, run_pk: int, now: datetime | None = None) -> bool:
     now = now or clock.now()
     with transaction.atomic():
         run = WorkflowRun.objects.select_for_update().filter(pk=run_pk, state=RunState.COMPENSATING).first()
-        restart = RunRestart.objects.filter(run_id=run_pk, applied_at__isnull=True).first() if run else None
+        restart = RunRestart.waiting(run_pk) if run else None
         if restart is None:
             return False
         steps = list(StepExecution.objects.select_for_update().filter(run=run))
