@@ -418,6 +418,7 @@ class Soak:
         self.redis_restarted_at = 0.0
         self.db_restarts = 0
         self.chaos_failures: list[str] = []  # a restart that did not happen: a violation
+        self.auto_pauses: list[str] = []  # steps that paused themselves, released once the chaos stopped
         self.token = ""
         self.started = time.monotonic()
         self.load_started = 0.0
@@ -433,7 +434,8 @@ class Soak:
         self.create_databases()
         self.start_redis()
         self.migrate()
-        rc, out = self.command([PY, MANAGE, "create_api_token", "soak", "--workflow", "invoice"])
+        # --may-pause: the soak's on-call releases a step that paused itself (pause_after).
+        rc, out = self.command([PY, MANAGE, "create_api_token", "soak", "--workflow", "invoice", "--may-pause"])
         if rc != 0 or not out.strip():
             raise SetupError(f"create_api_token failed: {out.strip()[-300:]}")
         self.token = out.strip().splitlines()[-1]
@@ -920,6 +922,32 @@ class Soak:
             self.fault_left[mode] += int(remaining or 0)
         return sum(self.fault_left.values())
 
+    def release_auto_pauses(self, conn) -> bool:
+        """What the on-call does once the incident is over (the faults cleared): release each step
+        that paused itself while the ledger kept failing (``pause_after``), through the event API.
+        Its runs then go on; a run still paused at the end is stuck. Whether anything was released."""
+        rows = conn.execute(
+            "SELECT workflow_name, step_name, reason FROM recovery_workflowpause "
+            "WHERE released_at IS NULL AND automatic ORDER BY paused_at"
+        ).fetchall()
+        for workflow, step, reason in rows:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{self.server_port}/api/workflows/{workflow}/unpause",
+                data=json.dumps({"step": step, "reason": "soak: the faults are cleared"}).encode(),
+                headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+                method="POST",
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=15) as response:
+                    released = json.loads(response.read()).get("released", [])
+            except Exception as exc:  # the server restarting, the database down: the next poll
+                log(f"unpausing {workflow} {step} failed: {exc}")
+                return True
+            self.auto_pauses.append(f"{workflow}.{step or '*'}")
+            scope = step or "(all steps)"
+            log(f"released {workflow} {scope}, paused by itself ({reason[:160]}): {len(released)} run(s)")
+        return bool(rows)
+
     def snapshot(self, conn) -> tuple[Counter, int, set[str]]:
         states = Counter(dict(conn.execute("SELECT state, count(*) FROM recovery_workflowrun GROUP BY state")))
         outbox = conn.execute("SELECT count(*) FROM recovery_outboxmessage WHERE state = 'pending'").fetchone()[0]
@@ -956,6 +984,7 @@ class Soak:
                 try:
                     conn = conn or pg_connect(self.db_url)
                     states, outbox, ids = self.snapshot(conn)
+                    released = self.release_auto_pauses(conn)  # their runs are active again
                 except Exception as exc:
                     log(f"database not readable: {exc}")
                     conn = None
@@ -986,7 +1015,7 @@ class Soak:
                         why = "delivered before the broker restart" if lost else "the broker is drained"
                         log(f"redelivered {workflow_id(self.events[k])}: no run, {why}")
                 active = sum(states[s] for s in ACTIVE_STATES)
-                if not missing and not active and not outbox:
+                if not missing and not active and not outbox and not released:
                     quiet_polls += 1
                     if quiet_polls >= 3:
                         log(f"quiescent after {time.monotonic() - self.started:.0f} s")
@@ -1265,6 +1294,8 @@ class Soak:
             f"faults: {self.faults} armed, units fired by mode {fired}; redis restarts: {self.redis_restarts}; "
             f"database restarts: {self.db_restarts} (-m {DB_RESTART_MODES[self.cfg.seed % 2]})"
         )
+        if self.auto_pauses:
+            log(f"steps that paused themselves and were released after the chaos: {', '.join(self.auto_pauses)}")
         for death in self.worker_deaths:
             log(f"unexpected: {death}")
         for line in self.executor_errors:

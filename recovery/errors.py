@@ -60,6 +60,11 @@ class UnknownOutcome(StepError):
     kind = ErrorKind.UNKNOWN_OUTCOME
 
 
+class ExecutorLost(UnknownOutcome):
+    """The executor making a call was lost (killed, crashed, redeployed) before it recorded the
+    call's outcome: unknown like any, but nothing the receiver said, so not one of its failures."""
+
+
 class InvalidModelOutput(StepError):
     kind = ErrorKind.INVALID_MODEL_OUTPUT
 

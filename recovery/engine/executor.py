@@ -32,12 +32,12 @@ from recovery.engine.plan import Plan, build_intent, load
 from recovery.engine.transitions import Lease
 from recovery.errors import (
     ErrorKind,
+    ExecutorLost,
     InvalidModelOutput,
     LeaseLost,
     PermanentError,
     RunPaused,
     StepError,
-    UnknownOutcome,
 )
 from recovery.models import DecisionState, ModelDecision, OutboxState, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
@@ -178,7 +178,7 @@ def _step(lease: Lease, plan: Plan, step: StepExecution) -> bool | fold.Begun:
             lease=lease,
             step_name=step.step_name,
             spec=spec,
-            error=UnknownOutcome("the executor running this step was lost before recording its outcome"),
+            error=ExecutorLost("the executor running this step was lost before recording its outcome"),
         )
         return True
 

@@ -134,3 +134,43 @@ def test_metrics_say_how_long_each_pause_has_held(clock, policy):
     auto = WorkflowPause.objects.get(automatic=True)
     since = (clock.now() - auto.paused_at).total_seconds()
     assert since >= 90 and held == {("notify", "supervisor"): 90.0, ("post_entry", "automatic"): since}
+
+
+def test_executors_lost_mid_call_are_not_failures_of_the_receiver(clock, policy, monkeypatch):
+    """A deploy or a crash that kills workers in the middle of ledger calls leaves those calls'
+    outcomes unknown (each takeover records ``step_unknown``): that says nothing about the
+    ledger, and must not add up with its real failures to pause the step for every run. (The CI
+    soak's SIGKILLed workers paused post_ledger_entry this way: four executors lost plus one
+    answer that never came made five.)"""
+    from recovery.engine import failpoints
+    from tests.support.engine import doomed_worker
+
+    def killed(name, at):
+        if (name, at) == ("post_entry", "after_call"):
+            raise failpoints.FailpointRaised("killed at post_entry:after_call")
+
+    runs = []
+    for i in range(POLICY.failures):
+        run = started(f"k-{i}")
+        monkeypatch.setattr(failpoints, "hit", killed)
+        doomed_worker(run, clock)  # the ledger committed; the worker died before recording it
+        monkeypatch.setattr(failpoints, "hit", lambda name, at: None)
+        runs.append(drive(run, clock))  # taken over: unknown, found by look-up, completed
+    lost = AuditEvent.objects.filter(action="step_unknown", step_name="post_entry")
+    assert lost.count() == POLICY.failures
+    assert [r.state for r in runs] == [RunState.COMPLETED] * POLICY.failures
+
+    receivers.arm("ledger", "commit_then_drop", times=1)  # the receiver's own: an answer lost
+    runs.append(drive(started("k-last"), clock))
+    assert lost.count() == POLICY.failures + 1
+    assert not WorkflowPause.objects.exists()
+    assert [r.state for r in runs] == [RunState.COMPLETED] * (POLICY.failures + 1)
+    assert receivers.counts()["ledger"] == POLICY.failures + 1  # one entry per run
+
+    # Failures the receiver answered still count, the lost executors' aside: two more answers
+    # lost make three of the ledger's own, and the step pauses.
+    receivers.arm("ledger", "commit_then_drop", times=2)
+    drive(started("k-more-1"), clock)
+    drive(started("k-more-2"), clock)
+    pause = WorkflowPause.objects.get()
+    assert pause.reason.startswith("3 attempts of post_entry failed (unknown_outcome) within 0:02:00")

@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models import Max
 
 from recovery import clock
-from recovery.errors import ErrorKind, StepError
+from recovery.errors import ErrorKind, ExecutorLost, StepError
 from recovery.models import DecisionState, ModelDecision, RunState, StepExecution, StepState
 from recovery.redaction import redact_text
 from recovery.states import AuditAction
@@ -319,6 +319,8 @@ def step_mark_unknown(
         step.last_error_kind = ErrorKind.UNKNOWN_OUTCOME
         step.last_error = _error_text(error, 4000)
         change.save_step(step, ["state", "last_error_kind", "last_error"])
+        if isinstance(error, ExecutorLost):  # not the receiver's failure (workflow_pause_if_failing)
+            change.extra["executor_lost"] = True
         if spec.reconcile in (None, Reconcile.OPERATOR):
             _check(RUN_TRANSITIONS, "review", run.state, "run")
             _release_into(run, RunState.NEEDS_REVIEW, reason=f"{step_name}: outcome unknown, operator must reconcile")

@@ -78,7 +78,8 @@ def workflow_pause_if_failing(
     step across the workflow's runs failed with that kind ``policy.failures`` times within
     ``policy.within``, pause the step for the whole workflow (by AUTO_PAUSE, its alert raised on
     ``run`` by the next sweep). None if it does not, or a pause of the step or the workflow is in
-    force already. Counted from the audit trail (the failures' own events)."""
+    force already. Counted from the audit trail (the failures' own events); an executor lost
+    mid-call is not the receiver's failure and does not count."""
     now = now or clock.now()
     workflow = run.workflow_name
     in_force = WorkflowPause.objects.filter(workflow_name=workflow, step_name__in=["", step_name], released_at=None)
@@ -88,7 +89,7 @@ def workflow_pause_if_failing(
         at__gte=now - policy.within, action__in=FAILED_ATTEMPTS, step_name=step_name, run__workflow_name=workflow
     )
     afters = failures.order_by("-at").values_list("after", flat=True)[:RECENT_FAILURES]
-    failed = sum(1 for after in afters if isinstance(after, dict) and after.get("error_kind") == kind)
+    failed = sum(1 for after in afters if _receivers(after) and after.get("error_kind") == kind)
     if failed < policy.failures:
         return None
     reason = f"{policy.text(failed, kind, step_name)}: the receiver keeps failing (the last: {error})"
@@ -105,6 +106,12 @@ def workflow_pause_if_failing(
             )
     except IntegrityError:  # another executor's failure paused it first
         return None
+
+
+def _receivers(after: object) -> bool:
+    """Whether a failed attempt's audit ``after`` is the receiver's failure: not an executor lost
+    in the middle of the call (a crash, a kill, a deploy's restart), which says nothing of it."""
+    return isinstance(after, dict) and not after.get("executor_lost")
 
 
 def _require_supervisor(actor: AbstractBaseUser | str, doing: str) -> None:
