@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import models
 
 from recovery.retries import RetryPolicy
+from recovery.waiting import WaitSpec
 
 
 class Rerun(models.TextChoices):
@@ -87,6 +88,8 @@ class StepContext:
     # again (recovery.engine.transitions.restarts). A receiver's own reference for a posting can
     # follow it, so that a posting made again after a restart is a new one (``key_version``).
     key_versions: dict[str, int] = field(default_factory=dict)
+    # A wait step's event payload, validated (recovery.waiting): what its function turns into a result.
+    event: Any = None
 
     def result(self, step: str) -> Any:
         return self.results[step]
@@ -216,6 +219,8 @@ class StepSpec:
     # The pydantic model of the step's intent: a supervisor's corrected intent is validated by it
     # (without one, a correction keeps the intent's fields and their JSON types).
     intent_schema: type[pydantic.BaseModel] | None = None
+    # A step that waits for an event or a time, holding no worker (recovery.waiting).
+    wait: WaitSpec | None = None
 
     # decorators, in the style of property setters
     def intent(self, fn: Callable[[StepContext], dict[str, Any]]) -> Callable:
@@ -275,6 +280,10 @@ class StepSpec:
             return f
 
         return register(fn) if fn is not None else register
+
+    @property
+    def is_wait(self) -> bool:
+        return self.wait is not None
 
     @property
     def is_decision(self) -> bool:

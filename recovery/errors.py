@@ -114,6 +114,14 @@ class PauseConflict(InvalidTransition):
     """Pausing what is paused already, or releasing what is not paused (an API answers 409)."""
 
 
+class EventRefused(InvalidTransition):
+    """An event the run does not wait for, or whose payload its wait refuses (an API answers 400)."""
+
+
+class EventConflict(InvalidTransition):
+    """An event for a finished run, or a key already used for another payload (an API answers 409)."""
+
+
 class ApprovalRequired(InvalidTransition):
     """The workflow puts this action behind a second supervisor (four-eyes): request it."""
 

@@ -39,6 +39,7 @@ class StepState(models.TextChoices):
     COMPENSATED = "compensated"
     COMPENSATION_FAILED = "compensation_failed"
     SKIPPED = "skipped"
+    WAITING = "waiting"  # a wait step, for its event or its time (recovery.waiting): no worker held
 
 
 class StuckCause(models.TextChoices):
@@ -107,6 +108,11 @@ class AuditAction(models.TextChoices):
     COMPENSATION_REFUSED = "compensation_refused", "compensation refused: not the run's own object"
     COMPENSATION_RETRY = "compensation_retry", "compensation failed; tried again later"
     COMPENSATION_DONE = "compensation_done", "compensation finished"
+    # durable waits (recovery.waiting)
+    WAIT_BEGIN = "wait_begin", "waiting for an event or a time"
+    EVENT_RECEIVED = "event_received", "event received"
+    EVENT_APPLIED = "event_applied", "event applied"
+    WAIT_TIMEOUT = "wait_timeout", "wait timed out"
     # operators' actions audited under a name of their own
     RESOLVE = "resolve", "outcome settled by an operator"
     POLICY_OVERRIDE = "policy_override", "refusal overridden"

@@ -63,7 +63,7 @@ from recovery.engine import failpoints
 from recovery.engine import heartbeat as engine_heartbeat
 from recovery.engine.executor import advance
 from recovery.engine.publisher import publish_due
-from recovery.engine.transitions import TERMINAL_RUN_STATES, run_compensate, run_start
+from recovery.engine.transitions import TERMINAL_RUN_STATES, run_compensate, run_start, waits_for_event
 from recovery.errors import PermanentError, RateLimited, TransientError, UnknownOutcome
 from recovery.models import OutboxMessage, OutboxState, RunState, StepExecution, StepState, WorkflowRun
 from recovery.replay import Replayed, assert_replayable, load_recorded, replay  # noqa: F401  (replay before deploy)
@@ -355,6 +355,8 @@ def drive(
                 raise
         run.refresh_from_db()
         if run.state == RunState.PAUSED:  # at rest until unpaused, whatever timer it keeps
+            return run
+        if run.state == RunState.WAITING and waits_for_event(run):  # at rest until its event comes
             return run
         if run.lease_owner:
             clock.advance(settings.RECOVERY_LEASE_SECONDS + 1)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pydantic
@@ -80,6 +80,7 @@ from recovery.registry import (  # noqa: F401  (re-exported: the registry, as au
 )
 from recovery.retries import DEFAULT_POLICY, RetryPolicy
 from recovery.states import STUCK_LABELS
+from recovery.waiting import OnTimeout, WaitSpec
 
 
 def _stuck_after(value: timedelta | Mapping[str, timedelta] | None) -> dict[str, timedelta]:
@@ -336,6 +337,41 @@ class Workflow:
             spec.schema_version = schema_version
             spec.decision_migrations = steps
             spec.keep_invalid_output = keep_invalid_output
+            return spec
+
+        return decorate
+
+    def wait(
+        self,
+        *,
+        event: str,
+        timeout: timedelta | None,
+        on_timeout: OnTimeout,
+        schema: type[pydantic.BaseModel] | None = None,
+        name: str | None = None,
+    ) -> Callable[[Callable], StepSpec]:
+        """Declare a step that waits for the event ``event`` (recovery.waiting): the run holds no
+        worker while it waits. The function turns the event's payload (``ctx.event``, validated
+        by ``schema`` when it was delivered) into the step's result; returning None keeps the
+        payload. ``timeout`` counts from the moment the wait is reached; ``on_timeout`` says what
+        then (``OnTimeout.proceed(default)`` or ``OnTimeout.review()``)."""
+        spec = WaitSpec(event=event, timeout=timeout, on_timeout=on_timeout, schema=schema)
+        return self._waiting(spec, name)
+
+    def sleep(
+        self, *, until: Callable[[StepContext], datetime] | None = None, duration: timedelta | None = None, name=None
+    ) -> Callable[[Callable], StepSpec]:
+        """Declare a durable timer: the run sleeps, holding no worker, ``duration`` from the moment
+        it is reached or ``until(ctx)`` (an aware datetime); then the function's result is the
+        step's (None: the time it woke)."""
+        spec = WaitSpec(event="", timeout=duration, until=until, on_timeout=OnTimeout.proceed(None))
+        return self._waiting(spec, name)
+
+    def _waiting(self, wait: WaitSpec, name: str | None) -> Callable[[Callable], StepSpec]:
+        def decorate(fn: Callable) -> StepSpec:
+            spec = self.step(name=name, retry=RetryPolicy(maximum_attempts=1))(fn)
+            spec.wait = wait
+            spec.effect = wait.describe()
             return spec
 
         return decorate

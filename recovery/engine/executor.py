@@ -170,6 +170,8 @@ def _step(lease: Lease, plan: Plan, step: StepExecution) -> bool | fold.Begun:
     spec = plan.workflow.get_step(step.step_name)
     if spec.is_agent:
         return _agent(lease, plan, spec, step)
+    if spec.is_wait:
+        return _wait(lease, plan, spec, step)
     now = clock.now()
 
     if step.state == StepState.RUNNING:
@@ -212,6 +214,44 @@ def _agent(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> boo
         return False
     transitions.agent_turn_add(lease=lease, agent=spec.name, turn=turn, key_version=step.key_version)
     return True
+
+
+def _wait(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> bool:
+    """A wait step (recovery.waiting): apply its event if one is here; else begin waiting,
+    holding nothing; else, woken at its deadline with none, do what it declares. Nothing is
+    called: the step's function only turns the event into its result. An event that comes
+    while this is decided makes the decision go round again (``EventHere``): it is applied."""
+    assert spec.wait is not None
+    now, last = clock.now(), plan.is_last(step)
+    event = None if spec.wait.is_timer else transitions.event_for(plan.run, plan.steps, spec, step)
+    try:
+        if event is not None:
+            result = _wait_result(spec, replace(plan.context(step), event=event.payload), event.payload)
+            transitions.wait_apply(lease=lease, spec=spec, event=event, result=result, complete_run=last)
+            failpoints.hit(spec.name, "after_outcome")
+            return True
+        if step.state != StepState.WAITING:
+            until = spec.wait.deadline(plan.context(step), now)
+            transitions.wait_begin(lease=lease, spec=spec, until=until)
+            return False
+        until = step.next_attempt_at
+        if until is None or now < until:  # woken before its time (an event for another wait, a sweep)
+            transitions.run_wait(lease=lease, wake_at=until, reason=transitions.waiting_text(spec, until))
+            return False
+        default = spec.wait.on_timeout.default
+        if spec.wait.is_timer:
+            default = _wait_result(spec, plan.context(step), {"woke_at": until.isoformat()})
+        transitions.wait_time_out(lease=lease, spec=spec, result=default, complete_run=last)
+    except transitions.EventHere:
+        return True  # decided again, with the event in view
+    failpoints.hit(spec.name, "after_outcome")
+    return spec.wait.on_timeout.action == "proceed"
+
+
+def _wait_result(spec: StepSpec, ctx: StepContext, default: Any) -> Any:
+    """The wait step's function of its event (or a timer's of its time): its result, or ``default``."""
+    result = spec.call(ctx)
+    return default if result is None else result
 
 
 def _record_turn(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution, raw: Any) -> StepError | None:

@@ -160,7 +160,7 @@ def first_call(run: WorkflowRun, steps: list[StepExecution]) -> tuple[str, dict[
 
 def _plain_call(spec: StepSpec, step: StepExecution) -> bool:
     """A call made the ordinary way, pending, due, within its budget."""
-    if spec.asks_model or spec.local or spec.outbox or spec.is_agent:
+    if spec.asks_model or spec.local or spec.outbox or spec.is_agent or spec.is_wait:
         return False
     if step.state != StepState.PENDING or step.refusal:
         return False

@@ -20,6 +20,7 @@ from recovery.states import (  # noqa: F401  (re-exported: the words a run's lif
 )
 
 from .incidents import RunRestart, WorkflowPause  # noqa: F401  (the records of incidents: pauses and restarts)
+from .waits import RunEvent  # noqa: F401  (events delivered to runs: what durable waits wait for)
 
 
 class WorkflowRun(models.Model):

@@ -11,7 +11,7 @@ from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.retries import RetryPolicy
-from recovery.workflow import Outcome, PolicyRefusal, Reconcile, Rerun, Workflow
+from recovery.workflow import OnTimeout, Outcome, PolicyRefusal, Reconcile, Rerun, Workflow
 
 from . import receivers
 from .models import RemoteObject
@@ -509,3 +509,58 @@ refusing_disputes.tools = dict(disputes.tools)
 )
 def _(ctx):
     return resolve.call(ctx)
+
+
+# --- durable waits: a task, then the approver's event (or the deadline), a timer, a posting ----
+
+
+class Approval(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    approved: bool
+    amount: int = Field(ge=0)
+    by: str
+
+
+approvals = Workflow(
+    "test_approvals",
+    version=1,
+    input_schema=Event,
+    workflow_id=lambda i: f"approval:{i['tenant']}:{i['order_id']}",
+    description="a task for the approver, a durable wait for their answer, a cool-down, a posting",
+)
+
+
+@approvals.step(effect="a new task in the tracker", rerun=Rerun.NO, reconcile=Reconcile.RESEND, retry=FAST)
+def ask(ctx):
+    return receivers.create_task(key=ctx.idempotency_key, payload=ctx.intent)
+
+
+@ask.intent
+def _(ctx):
+    return {"title": f"Approve order {ctx.input['order_id']}"}
+
+
+@approvals.wait(event="approved", timeout=timedelta(days=3), on_timeout=OnTimeout.review(), schema=Approval)
+def approval(ctx):
+    return None  # the approval as it came
+
+
+@approvals.sleep(duration=timedelta(hours=1))
+def cool_down(ctx):
+    return None
+
+
+@approvals.step(effect="a ledger entry", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST)
+def post_approved(ctx):
+    return receivers.post_entry(reference=ctx.workflow_id, payload=ctx.intent)
+
+
+@post_approved.intent
+def _(ctx):
+    decided = ctx.result("approval")
+    return {"amount": decided["amount"] if decided["approved"] else 0, "by": decided["by"]}
+
+
+@post_approved.lookup
+def _(ctx):
+    return receivers.find_entry(reference=ctx.workflow_id)

@@ -125,11 +125,29 @@ from .versions import (
     move_plan,
     run_move_version,
 )
+from .waits import (
+    EventHere,
+    event_for,
+    run_deliver_event,
+    wait_apply,
+    wait_begin,
+    wait_time_out,
+    waiting_text,
+    waits_for_event,
+)
 from .waves import Waves
 from .workflow_pauses import in_force as workflow_pauses_in_force
 from .workflow_pauses import workflow_pause, workflow_pause_if_failing
 
 __all__ = [
+    "EventHere",
+    "event_for",
+    "run_deliver_event",
+    "wait_apply",
+    "wait_begin",
+    "wait_time_out",
+    "waiting_text",
+    "waits_for_event",
     "RestartPlan",
     "change_text",
     "corrected_intent",

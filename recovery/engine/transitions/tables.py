@@ -122,9 +122,24 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "defer_check": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.PENDING),
     # a restart from this step or an earlier one: made again (a new key where it had an effect)
     "restart": (
-        frozenset({StepState.PENDING, StepState.FAILED, StepState.SUCCEEDED, StepState.SKIPPED, StepState.COMPENSATED}),
+        frozenset(
+            {
+                StepState.PENDING,
+                StepState.FAILED,
+                StepState.SUCCEEDED,
+                StepState.SKIPPED,
+                StepState.COMPENSATED,
+                StepState.WAITING,
+            }
+        ),
         StepState.PENDING,
     ),
+    # a wait step reached: it waits for its event or its time (recovery.engine.transitions.waits)
+    "wait": (frozenset({StepState.PENDING}), StepState.WAITING),
+    # its event applied (one kept from before it was reached, too), or its deadline's default taken
+    "wait_end": (frozenset({StepState.PENDING, StepState.WAITING}), StepState.SUCCEEDED),
+    # its deadline passed with no event, and the wait declares review
+    "wait_time_out": (frozenset({StepState.WAITING}), StepState.FAILED),
     "compensate": (frozenset({StepState.SUCCEEDED, StepState.COMPENSATION_FAILED}), StepState.COMPENSATING),
     "compensation_begin": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATING),
     "compensation_succeed": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATED),

@@ -1,0 +1,111 @@
+"""Durable waits, as a workflow declares them (issue 38): a step that waits for a named event, or
+for a time, holding no worker and no lease while it waits.
+
+    @invoice.wait(event="approved", timeout=timedelta(days=3), on_timeout=OnTimeout.review(),
+                  schema=Approval)
+    def approval(ctx):
+        return ctx.event                       # the step's result: the event's validated payload
+
+    @invoice.sleep(until=lambda ctx: ctx.result("read_invoice")["due_date"])
+    def until_due(ctx):
+        return None
+
+An event is delivered to a run by name with the sender's idempotency key (the event API, the
+console, ``manage.py send_event``): it is validated against ``schema`` and kept; the same key
+twice is one event; one that comes before the wait is reached is used when it is; one that comes
+after the wait ended is recorded and shown, never applied. What happens at the deadline with no
+event is declared (``OnTimeout``): the run goes on with a default, or goes to review — never a
+silent rejection. The engine side: recovery.engine.transitions.waits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import pydantic
+
+EVENT_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
+
+
+@dataclass(frozen=True)
+class OnTimeout:
+    """What a wait does when its deadline passes with no event: ``proceed(default)`` — the step
+    succeeds with ``default`` as its result, said so in the audit trail — or ``review()`` — the
+    run stops for an operator, the step failed "no event by the deadline"."""
+
+    action: str
+    default: Any = None
+
+    @classmethod
+    def proceed(cls, default: Any) -> OnTimeout:
+        return cls("proceed", default)
+
+    @classmethod
+    def review(cls) -> OnTimeout:
+        return cls("review")
+
+    def __post_init__(self) -> None:
+        if self.action not in ("proceed", "review"):
+            raise ValueError(f"on_timeout: proceed(default) or review(), not {self.action!r}")
+
+    def text(self) -> str:
+        """What the console says happens at the deadline."""
+        if self.action == "proceed":
+            return f"the run goes on with {self.default!r}"
+        return "the run goes to review"
+
+
+@dataclass(frozen=True)
+class WaitSpec:
+    """A wait step's declaration: the event it waits for ("" for a timer), how long from the
+    moment it is reached (``timeout``) or until when (``until(ctx)``, a timer's), what happens
+    then, and the pydantic model of the event's payload."""
+
+    event: str
+    on_timeout: OnTimeout
+    timeout: timedelta | None = None
+    until: Callable[[Any], datetime] | None = field(default=None, compare=False)
+    schema: type[pydantic.BaseModel] | None = None
+
+    def __post_init__(self) -> None:
+        if self.event and not set(self.event) <= EVENT_NAME_CHARS:
+            raise ValueError(f"event {self.event!r}: lower-case letters, digits and _ . - only")
+        if self.timeout is not None and self.timeout <= timedelta(0):
+            raise ValueError("a wait's timeout is longer than nothing")
+        if not self.event and self.timeout is None and self.until is None:
+            raise ValueError("a timer needs until= or a duration")
+
+    @property
+    def is_timer(self) -> bool:
+        return not self.event
+
+    def deadline(self, ctx: Any, now: datetime) -> datetime | None:
+        """When the wait reached at ``now`` ends with no event (None: it waits for the event only)."""
+        if self.until is not None:
+            until = self.until(ctx)
+            if isinstance(until, str):
+                until = datetime.fromisoformat(until)
+            if not isinstance(until, datetime) or until.tzinfo is None:
+                raise ValueError(f"until= gave {until!r}: an aware datetime (or its ISO text) is needed")
+            return until
+        return now + self.timeout if self.timeout is not None else None
+
+    def validate(self, payload: Any) -> dict[str, Any]:
+        """The event's payload as the step will see it: a JSON object, validated by ``schema``."""
+        if not isinstance(payload, dict):
+            raise ValueError("an event's payload is a JSON object")
+        if self.schema is None:
+            return payload
+        return self.schema.model_validate(payload).model_dump(mode="json")
+
+    def describe(self) -> str:
+        """ "waits for event 'approved' for 3 days, 0:00:00; then the run goes to review" """
+        if self.is_timer:
+            return f"sleeps for {self.timeout}" if self.until is None else "sleeps until the time its workflow sets"
+        what = f"waits for event {self.event!r}"
+        if self.until is None and self.timeout is None:
+            return f"{what}, with no deadline"
+        until = f"for {self.timeout}" if self.until is None else "until the time its workflow sets"
+        return f"{what} {until}; then {self.on_timeout.text()}"
