@@ -38,6 +38,7 @@ REQUIRED_ROLE: dict[str, Role] = {
     "restart": Role.SUPERVISOR,  # restart a run from a step with a corrected input or intent
     "reset_attempts": Role.SUPERVISOR,  # give a step waiting for its retry its whole budget back
     "pause_workflow": Role.SUPERVISOR,  # pause (and unpause) a whole workflow, or one step of it
+    "send_event": Role.OPERATOR,  # send a run the event its wait waits for (an approver's answer, in their stead)
     "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.engine.transitions.approval_grant)
     "bulk": Role.OPERATOR,  # the bulk form; each action then needs its own role (terminate: a supervisor)
     "sandbox": Role.SUPERVISOR,

@@ -175,6 +175,8 @@ def version_not_deployed(run: WorkflowRun) -> str:
 
 
 def _waiting(run: WorkflowRun, steps: list[StepExecution], outbox: Iterable[OutboxMessage], now: datetime) -> str:
+    if any(s.state == StepState.WAITING for s in steps):  # a durable wait says what for, until when, and then what
+        return run.status_reason
     due = next((s for s in steps if s.next_attempt_at is not None and s.state not in UNDONE_STEP_STATES), None)
     if due is not None and due.state == StepState.UNKNOWN:
         return f"outcome of {due.step_name} unknown: looking it up again at {_at(due.next_attempt_at)}"

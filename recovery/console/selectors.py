@@ -27,7 +27,9 @@ from recovery.console.timeline import (  # noqa: F401  (the run page's timeline,
 from recovery.counts import STUCK_LABELS, stuck_causes
 from recovery.models import (
     DecisionState,
+    RunEvent,
     StepExecution,
+    StepState,
     WorkflowRun,
 )
 from recovery.why import why_not_moving
@@ -213,7 +215,30 @@ def run_detail(workflow_id: str) -> dict[str, Any]:
         "audit_shown": AUDIT_SHOWN,
         "timeline": timeline(run, steps),
         "conversations": conversations(workflow, steps),
+        "events": run_events(run, workflow, steps),
     }
+
+
+def run_events(run: WorkflowRun, workflow: Any, steps: list[StepExecution]) -> list[RunEvent]:
+    """The events sent to the run, oldest first, each with what became of it (``fate``): applied by
+    its wait, late (recorded, never applied), kept for a wait not reached yet, or not used. No
+    query for a workflow that waits for no event."""
+    waits = [s for s in getattr(workflow, "steps", []) if s.wait is not None and not s.wait.is_timer]
+    if not waits:
+        return []
+    states = {s.step_name: s for s in steps}
+    applied = {states[w.name].remote_ref: w.name for w in waits if w.name in states and states[w.name].remote_ref}
+    events = list(run.events.order_by("received_at", "pk"))
+    for event in events:
+        if event.key in applied:
+            event.fate = f"applied by {applied[event.key]}"
+        elif event.late:
+            event.fate = "late: recorded, not applied"
+        elif any(states[w.name].state in (StepState.PENDING, StepState.WAITING) for w in waits if w.name in states):
+            event.fate = "kept: to be applied by its wait"
+        else:
+            event.fate = "not used: its wait had taken another"
+    return events
 
 
 def conversations(workflow: Any, steps: list[StepExecution]) -> list[dict[str, Any]]:

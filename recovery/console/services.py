@@ -5,6 +5,7 @@ dashboard."""
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -512,3 +513,28 @@ def _blocked(situation) -> str:
 def _blocked_step(workflow_id: str) -> str:
     run = WorkflowRun.objects.get(workflow_id=workflow_id)
     return _blocked(transitions.Situation.of(run, run.steps.all(), clock.now()))
+
+
+def event_forms(detail: dict, user: AbstractBaseUser) -> list[dict]:
+    """The events the run waits for now, or will (its waits not ended), each with a fresh key for
+    its form and the fields its payload takes — for a person who may send them."""
+    workflow = detail["workflow"]
+    if workflow is None or not can(user, "send_event") or detail["run"].state in transitions.TERMINAL_RUN_STATES:
+        return []
+    states = {s.step_name: s.state for s in detail["steps"]}
+    forms = []
+    for spec in workflow.steps:
+        wait = spec.wait
+        if wait is None or wait.is_timer or states.get(spec.name) not in (StepState.PENDING, StepState.WAITING):
+            continue
+        fields = sorted(wait.schema.model_fields) if wait.schema is not None else []
+        forms.append(
+            {
+                "event": wait.event,
+                "step": spec.name,
+                "fields": fields,
+                "key": f"console:{uuid.uuid4()}",
+                "waiting": states[spec.name] == StepState.WAITING,
+            }
+        )
+    return forms

@@ -143,6 +143,7 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         decision_tools=services.decision_tools(detail, request.user, now=now, pairs=pairs),
         restart_from=[step for name, step in pairs if name == "restart"],
         restarts=services.restarts(detail["run"]),
+        event_forms=services.event_forms(detail, request.user),
         approvals=approvals,
         why=why.why_not_moving(
             detail["run"],

@@ -45,6 +45,7 @@ from recovery.models import (
     LoginFailure,
     ModelDecision,
     OutboxMessage,
+    RunEvent,
     StepExecution,
     WorkflowPause,
     WorkflowRun,
@@ -232,6 +233,31 @@ MATRIX: list[Row] = [
             **restart_body(w.failed),
         },
         changes=True,
+    ),
+    Row(
+        "console:run-event",
+        "send the event a run waits for",
+        Console(Role.OPERATOR),
+        {"POST": 302},  # back to the run page
+        url=lambda w: f"/runs/{w.waiting.workflow_id}/event",
+        body=lambda w: {
+            "event": "approved",
+            "key": "console:m",
+            "payload": '{"approved": true, "amount": 1, "by": "a"}',
+        },
+        changes=True,
+        needs="waiting",
+    ),
+    Row(
+        "api:run-events",
+        "event API: the event a run waits for",
+        TOKEN,
+        {"POST": 201},
+        url=lambda w: f"/api/runs/{w.waiting.workflow_id}/events",
+        body=lambda w: {"event": "approved", "key": "erp:m", "payload": {"approved": True, "amount": 1, "by": "a"}},
+        json_body=True,
+        changes=True,
+        needs="waiting",
     ),
     action_row("approve", needs="approval"),  # another supervisor's request to terminate
     action_row("reject", needs="approval"),
@@ -529,6 +555,7 @@ def world_state() -> dict:
         "faults": list(Fault.objects.using("sandbox").order_by("pk").values_list("pk", "remaining")),
         "idempotency": IdempotencyRecord.objects.using("sandbox").count(),
         "workflow_pauses": list(WorkflowPause.objects.order_by("pk").values_list("pk", "released_at")),
+        "run_events": RunEvent.objects.count(),
     }
 
 
@@ -588,7 +615,10 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
     faults.set_fault("ledger", "post", "slow", times=1, delay_ms=1)
     w.supervisor_group = Group.objects.get_or_create(name="supervisor")[0].pk
     w.bystander = get_user_model().objects.create_user("bystander", password="pw").pk
-    w.token = tokens.issue_token(name="erp", workflow_name="test_orders", may_pause=True)[1]
+    token_for = "test_approvals" if needs == "waiting" else "test_orders"  # the event's sender, for a waiting run
+    w.token = tokens.issue_token(name="erp", workflow_name=token_for, may_pause=True)[1]
+    if needs == "waiting":  # a run waiting for its approver's event (a durable wait)
+        w.waiting = drive(run_start(workflow="test_approvals", data={"tenant": "t", "order_id": "waits"})[0], clock)
     if needs == "workflow_paused":  # a supervisor paused a step of the workflow: it can be released
         workflow_pause(workflow="test_orders", step_name="notify", actor="matrix", reason="matrix")
     sweeper_beat(name="matrix")  # so that /readyz answers ready

@@ -254,3 +254,47 @@ def test_kills_at_each_boundary_leave_one_object_per_call_and_apply_the_event_on
     assert AuditEvent.objects.filter(run=run, action="event_applied").count() == 1
     assert step(run, "approval").result == APPROVED
     assert_invariants()
+
+
+def test_a_restart_across_a_wait_waits_again_and_does_not_reuse_the_event_sent_before(clock):
+    from recovery.engine.transitions import run_restart
+    from recovery.models import RunRestart
+
+    run = started()
+    deliver(run)
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED and receivers.counts()["ledger"] == 1
+    run_restart(
+        workflow_id=run.workflow_id,
+        step_name="approval",
+        actor=person("sam"),
+        reason="the order is for 125 chairs",
+        edited="input",
+        value={**run.input, "text": "office chairs 125"},
+    )
+    effects = {e["step"]: e["text"] for e in RunRestart.objects.get(run=run).effects}
+    assert effects["approval"] == "waits again for event 'approved': one sent before the restart is not used"
+    run = drive(run, clock)  # the posting is reversed first, then the run waits again
+    assert run.state == RunState.WAITING and step(run, "approval").state == StepState.WAITING
+    assert receivers.compensations()["reversal"] == 1 and receivers.counts()["ledger"] == 1
+    deliver(run, {**APPROVED, "amount": 125}, key="tracker:1:approved-after-restart")
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts()["ledger"] == 2 and step(run, "post_approved").intent["amount"] == 125
+
+
+def test_the_why_sentence_says_what_the_run_waits_for_and_what_happens_at_the_deadline(clock):
+    from recovery import why
+
+    run = drive(started(), clock)
+    said = why.why_not_moving(run, list(run.steps.order_by("position")), now=clock.now())
+    assert said.startswith("approval: waiting for event 'approved' until ")
+    assert said.endswith(" UTC; then the run goes to review")
+
+
+def test_a_wait_step_cannot_be_paused_by_itself_its_runs_hold_nothing(clock):
+    from recovery.engine.transitions import workflow_pause
+    from recovery.errors import InvalidTransition
+
+    with pytest.raises(InvalidTransition, match="step approval of test_approvals is a wait: it calls nothing"):
+        workflow_pause(workflow="test_approvals", step_name="approval", actor=person("sam"), reason="outage")

@@ -550,9 +550,14 @@ def cool_down(ctx):
     return None
 
 
-@approvals.step(effect="a ledger entry", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST)
+@approvals.step(effect="a ledger entry", rerun=Rerun.NO, reconcile=Reconcile.LOOKUP, retry=FAST, compensable=True)
 def post_approved(ctx):
-    return receivers.post_entry(reference=ctx.workflow_id, payload=ctx.intent)
+    return receivers.post_entry(reference=approved_reference(ctx), payload=ctx.intent)
+
+
+def approved_reference(ctx) -> str:
+    version = ctx.key_version("post_approved")
+    return ctx.workflow_id if version == 1 else f"{ctx.workflow_id}:v{version}"
 
 
 @post_approved.intent
@@ -563,4 +568,10 @@ def _(ctx):
 
 @post_approved.lookup
 def _(ctx):
-    return receivers.find_entry(reference=ctx.workflow_id)
+    return receivers.find_entry(reference=approved_reference(ctx))
+
+
+@post_approved.compensate(who="supervisor")
+def _(ctx):
+    """Reverse the posting."""
+    return receivers.reverse_entry(entry_ref=ctx.intent["remote_ref"], reference=ctx.idempotency_key)

@@ -222,6 +222,9 @@ def _effect(s: Situation, row, spec: StepSpec, effects_stand: bool) -> Effect:
     again = row.key_version + 1
     if spec.asks_model:
         return Effect(name, AGAIN, "the model is asked again (its accepted decision is superseded)")
+    if spec.wait is not None and not spec.wait.is_timer:
+        event = spec.wait.event
+        return Effect(name, AGAIN, f"waits again for event {event!r}: one sent before the restart is not used")
     if not spec.writes:
         return Effect(name, AGAIN, "made again (it has no effect elsewhere)")
     if row.state == StepState.COMPENSATED:

@@ -24,7 +24,7 @@ from recovery import clock
 from recovery.contract import payload_hash
 from recovery.engine import dispatch
 from recovery.errors import EventConflict, EventRefused
-from recovery.models import RunEvent, RunState, StepExecution, StepState, WorkflowRun
+from recovery.models import RunEvent, RunRestart, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.states import TERMINAL_RUN_STATES, AuditAction
 from recovery.workflow import StepSpec, workflow_of
@@ -43,6 +43,7 @@ from ._core import (
     _snap,
     _step_transition,
 )
+from .restart_plan import KEPT
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
 
 MAX_KEY = 200
@@ -177,7 +178,17 @@ def event_for(run: WorkflowRun, steps: list[StepExecution], spec: StepSpec, step
     events = RunEvent.objects.filter(run=run, name=spec.wait.event, late=False, step_name__in=["", step.step_name])
     if step.state == StepState.WAITING and step.next_attempt_at is not None:
         events = events.filter(received_at__lte=step.next_attempt_at)
+    if (since := _made_again_at(run, step.step_name)) is not None:
+        events = events.filter(received_at__gte=since)  # one sent before answered the run as it was
     return next((e for e in events.order_by("received_at", "pk") if e.key not in taken), None)
+
+
+def _made_again_at(run: WorkflowRun, step_name: str) -> datetime | None:
+    """When a supervisor's restart last made the wait step again (None: never)."""
+    for restart in RunRestart.objects.filter(run=run, applied_at__isnull=False).order_by("-applied_at"):
+        if any(e["step"] == step_name and e["rule"] != KEPT for e in restart.effects):
+            return restart.applied_at
+    return None
 
 
 def run_deliver_event(

@@ -136,6 +136,11 @@ def _check_scope(workflow: str, step_name: str) -> None:
             f"step {step_name} of {workflow} is local: its effect commits with its outcome and no attempt of it "
             "waits to begin; pause the step after it, or the whole workflow"
         )
+    if all(spec.is_wait for spec in specs):
+        raise InvalidTransition(
+            f"step {step_name} of {workflow} is a wait: it calls nothing, and its runs hold no worker while they "
+            "wait; pause the step after it, or the whole workflow"
+        )
 
 
 def _already(workflow: str, step_name: str) -> str:
