@@ -259,6 +259,16 @@ def oldest_undelivered(now: datetime) -> float:
     return max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
 
 
+def waiting_steps() -> dict[tuple[str, str], int]:
+    """(workflow, wait step) → the durable waits under way (steps ``waiting``; step_state_kind_idx)."""
+    rows = (
+        StepExecution.objects.filter(state=StepState.WAITING)
+        .values_list("run__workflow_name", "step_name")
+        .annotate(n=Count("id"))
+    )
+    return {(workflow, step): n for workflow, step, n in rows}
+
+
 def _state_only(cond: Q) -> str | None:
     """The state of a condition that is exactly ``Q(state=…)``, else None."""
     if not cond.negated and len(cond.children) == 1 and isinstance(cond.children[0], tuple):

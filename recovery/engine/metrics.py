@@ -68,6 +68,18 @@ ALERTS_SENT = Counter(
     "Alerts about stuck runs sent, by channel (webhook, email).",
     ["channel"],
 )
+WAIT_DURATION = Histogram(
+    "recovery_wait_seconds",
+    "How long a durable wait lasted: from the run reaching it to its event applied (outcome event; 0 for an "
+    "event that came first) or to its deadline (outcome deadline: what the wait declares, or a timer's time).",
+    ["workflow", "step", "outcome"],
+    buckets=(1, 10, 60, 300, 900, 3600, 4 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400),
+)
+EVENTS_RECEIVED = Counter(
+    "recovery_events_received",
+    "Events delivered to runs, by event and whether they came late (after their wait ended: recorded, not applied).",
+    ["workflow", "event", "late"],
+)
 OPERATOR_ACTIONS = Counter(
     "recovery_operator_actions",
     "Operator actions performed (console, bulk, manage.py recover, approved requests), by role.",
@@ -124,8 +136,23 @@ def _record(workflow: str, action: str, step: str, after: Mapping[str, Any], fou
         POLICY_REFUSALS.labels(workflow, (after.get("refusal") or {}).get("rule", "")).inc()
 
 
+def _waited(workflow: str, action: str, step: str, after: Mapping[str, Any]) -> None:
+    if action == AuditAction.EVENT_RECEIVED:
+        EVENTS_RECEIVED.labels(workflow, after.get("event", ""), "true" if after.get("late") else "false").inc()
+        return
+    ended = "event" if action == AuditAction.EVENT_APPLIED else "deadline"
+    WAIT_DURATION.labels(workflow, step, ended).observe(after.get("waited_seconds", 0.0))
+
+
+WAIT_ACTIONS = frozenset({AuditAction.EVENT_RECEIVED, AuditAction.EVENT_APPLIED, AuditAction.WAIT_TIMEOUT})
+
+
 def transition(workflow: str, action: str, step: str, after: Mapping[str, Any]) -> None:
     """A transition wrote its audit event ``action``: count it once its transaction commits."""
+    if action in WAIT_ACTIONS:
+        if _enabled():
+            transaction.on_commit(partial(_waited, workflow, action, step, after))
+        return
     found = outcome(action, after)
     if (found is not None or action == AuditAction.LEASE_TAKEOVER) and _enabled():
         transaction.on_commit(partial(_record, workflow, action, step, after, found))

@@ -21,9 +21,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 class DatabaseGauges:
     """``recovery_runs``, ``recovery_stuck_runs`` (each series capped at counts.COUNT_CAP: a
-    value of 10000 means at least that many), ``recovery_unfinished_runs`` per version and
-    ``recovery_outbox_oldest_undelivered_seconds`` and ``recovery_paused_since_seconds``, read at
-    scrape time in four statements."""
+    value of 10000 means at least that many), ``recovery_unfinished_runs`` per version,
+    ``recovery_outbox_oldest_undelivered_seconds``, ``recovery_paused_since_seconds`` and
+    ``recovery_waiting_steps``, read at scrape time in six statements."""
 
     def collect(self) -> Iterator[Metric]:
         now = clock.now()
@@ -61,6 +61,14 @@ class DatabaseGauges:
             by = "automatic" if pause.automatic else "supervisor"
             paused.add_metric([pause.workflow_name, pause.step_name, by], (now - pause.paused_at).total_seconds())
         yield paused
+        waiting = GaugeMetricFamily(
+            "recovery_waiting_steps",
+            "Durable waits under way (a run at its wait, holding no worker), by workflow and wait step.",
+            labels=["workflow", "step"],
+        )
+        for (workflow, step), n in counts.waiting_steps().items():
+            waiting.add_metric([workflow, step], n)
+        yield waiting
         yield GaugeMetricFamily(
             "recovery_outbox_oldest_undelivered_seconds",
             "Age of the oldest outbox message not yet delivered (0 when none is waiting).",

@@ -298,3 +298,40 @@ def test_a_wait_step_cannot_be_paused_by_itself_its_runs_hold_nothing(clock):
 
     with pytest.raises(InvalidTransition, match="step approval of test_approvals is a wait: it calls nothing"):
         workflow_pause(workflow="test_approvals", step_name="approval", actor=person("sam"), reason="outage")
+
+
+def test_metrics_count_the_events_how_long_each_wait_lasted_and_the_waits_under_way(
+    clock, django_capture_on_commit_callbacks
+):
+    from prometheus_client import REGISTRY
+
+    from recovery.observability import exposition
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    waited = {"workflow": "test_approvals", "step": "approval", "outcome": "event"}
+    slept = {"workflow": "test_approvals", "step": "cool_down", "outcome": "deadline"}
+    received = {"workflow": "test_approvals", "event": "approved", "late": "false"}
+    before = (
+        value("recovery_wait_seconds_sum", **waited),
+        value("recovery_wait_seconds_count", **slept),
+        value("recovery_wait_seconds_sum", **slept),
+        value("recovery_events_received_total", **received),
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        run = drive(started(), clock)
+        assert 'recovery_waiting_steps{step="approval",workflow="test_approvals"} 1.0' in exposition.render().decode()
+        clock.advance(7200)
+        deliver(run)
+        deliver(run)  # the sender's retry: the same event, not counted again
+        run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    after = (
+        value("recovery_wait_seconds_sum", **waited),
+        value("recovery_wait_seconds_count", **slept),
+        value("recovery_wait_seconds_sum", **slept),
+        value("recovery_events_received_total", **received),
+    )
+    assert [a - b for a, b in zip(after, before, strict=True)] == [7200.0, 1.0, 3600.0, 1.0]
+    assert "recovery_waiting_steps{" not in exposition.render().decode()

@@ -123,6 +123,7 @@ def wait_time_out(
     def body(change: _Change) -> None:
         run, step = change.run, change.step
         _no_event_yet(change, spec)
+        change.extra["waited_seconds"] = _waited(step, change.now)
         deadline = step.next_attempt_at
         step.state = _check(STEP_TRANSITIONS, "wait_time_out", step.state, "step")
         step.last_error = f"{missed} ({deadline:%Y-%m-%d %H:%M} UTC)" if deadline else missed
@@ -145,6 +146,7 @@ def _wait_end(lease, spec, action, applied, result, complete_run, reason, now) -
         run, step = change.run, change.step
         if not applied:
             _no_event_yet(change, spec)
+        change.extra["waited_seconds"] = _waited(step, change.now)
         step.state = _check(STEP_TRANSITIONS, "wait_end", step.state, "step")
         step.remote_ref = applied
         step.result = _redacted(run, result)
@@ -158,6 +160,11 @@ def _wait_end(lease, spec, action, applied, result, complete_run, reason, now) -
         change.reason = reason
 
     return _step_transition(lease, spec.name, action, now, body)
+
+
+def _waited(step: StepExecution, now: datetime) -> float:
+    """Seconds since the wait was reached (0 for an event that came before)."""
+    return (now - step.first_attempt_at).total_seconds() if step.state == StepState.WAITING else 0.0
 
 
 def waits_for_event(run: WorkflowRun) -> StepExecution | None:
