@@ -79,6 +79,18 @@ def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
             d.step_name: {"version": d.version, "schema_version": d.schema_version, "accepted": d.accepted}
             for d in run.decisions.filter(state=DecisionState.ACCEPTED)
         },
+        # Events sent to the run (durable waits), each with what became of it (run_events).
+        "events": [
+            {
+                "event": e.name,
+                "key": e.key,
+                "sent_by": e.sent_by,
+                "received_at": e.received_at.isoformat(),
+                "late": e.late,
+                "fate": e.fate,
+            }
+            for e in run_events(run, _workflow_or_none(run), steps)
+        ],
         "audit": [
             {
                 "at": e.at.isoformat(),
@@ -92,6 +104,13 @@ def run_document(workflow_id: str, *, now: datetime) -> dict[str, Any]:
             for e in run.audit_events.order_by("at", "id")
         ],
     }
+
+
+def _workflow_or_none(run: WorkflowRun) -> Any:
+    try:
+        return workflow_of(run)
+    except LookupError:
+        return None
 
 
 # --- the console ------------------------------------------------------------------------

@@ -335,3 +335,33 @@ def test_metrics_count_the_events_how_long_each_wait_lasted_and_the_waits_under_
     )
     assert [a - b for a, b in zip(after, before, strict=True)] == [7200.0, 1.0, 3600.0, 1.0]
     assert "recovery_waiting_steps{" not in exposition.render().decode()
+
+
+def test_show_run_lists_the_events_with_what_became_of_each(clock):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    run = drive(started(), clock)
+    deliver(run)
+    advance(run.pk, owner="test-executor")  # applied; the run sleeps its cool-down
+    deliver(run, {**APPROVED, "amount": 5}, key="tracker:1:approved-again")
+    out = io.StringIO()
+    call_command("show_run", run.workflow_id, "--json", stdout=out)
+    events = [(e["key"], e["sent_by"], e["late"], e["fate"]) for e in json.loads(out.getvalue())["events"]]
+    assert events == [
+        ("tracker:1:approved", "api:tracker", False, "applied by approval"),
+        ("tracker:1:approved-again", "api:tracker", True, "late: recorded, not applied"),
+    ]
+
+
+def test_an_event_after_the_wait_timed_out_is_recorded_late(clock):
+    run = drive(started(), clock)
+    clock.advance(THREE_DAYS.total_seconds())
+    run = drive(run, clock)
+    assert run.state == RunState.NEEDS_REVIEW
+    late, new = deliver(run)
+    assert new and late.late and late.step_name == "approval"
+    assert "late, not applied (the wait for it ended)" in AuditEvent.objects.get(action="event_received").reason
+    assert drive(run, clock).state == RunState.NEEDS_REVIEW and step(run, "approval").remote_ref == ""
