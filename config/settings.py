@@ -213,6 +213,13 @@ if RECOVERY_READY_BEAT_SECONDS <= 0:
 RECOVERY_CONSOLE_URL = env("RECOVERY_CONSOLE_URL", f"http://127.0.0.1:{env('PORT', '8000')}").rstrip("/")
 RECOVERY_ALERT_WEBHOOK_URL = env("RECOVERY_ALERT_WEBHOOK_URL", "")
 RECOVERY_ALERT_WEBHOOK_SECRET = env("RECOVERY_ALERT_WEBHOOK_SECRET", "")
+# Systems that send a waiting run its event signed, as our alert webhook is signed, instead of with
+# an API token (the tracker's callback): HMAC-SHA256 of "timestamp.body" under this secret
+# (X-Recovery-Sender, X-Recovery-Timestamp, X-Recovery-Signature; recovery.api.run_events). Empty:
+# only tokens. A fixed one in DEBUG, shared with the embedded tracker (SANDBOX_CALLBACK_SECRET).
+RECOVERY_EVENT_SIGNING_SECRET = env("RECOVERY_EVENT_SIGNING_SECRET", "embedded-event-signing-secret" if DEBUG else "")
+if RECOVERY_EVENT_SIGNING_SECRET and len(RECOVERY_EVENT_SIGNING_SECRET) < 16:
+    raise ImproperlyConfigured("RECOVERY_EVENT_SIGNING_SECRET signs events sent to runs: 16 characters or more")
 if RECOVERY_ALERT_WEBHOOK_URL and len(RECOVERY_ALERT_WEBHOOK_SECRET) < 16:
     raise ImproperlyConfigured("RECOVERY_ALERT_WEBHOOK_SECRET (16 characters or more) signs the alert webhook")
 RECOVERY_ALERT_EMAILS = [a.strip() for a in env("RECOVERY_ALERT_EMAILS", "").split(",") if a.strip()]
@@ -269,7 +276,8 @@ OPENAI_TIMEOUT = float(env("OPENAI_TIMEOUT", "20"))
 # replaced), RECOVERY_REDACT_PATTERNS (name -> regex, replaced in every string) and
 # RECOVERY_REDACT_SETTINGS (the settings whose values are secrets, replaced wherever they
 # appear: SECRET_KEY, OPENAI_API_KEY, SANDBOX_API_KEY, RECOVERY_METRICS_TOKEN,
-# RECOVERY_ALERT_WEBHOOK_SECRET, RECOVERY_SMTP_PASSWORD).
+# RECOVERY_ALERT_WEBHOOK_SECRET, RECOVERY_SMTP_PASSWORD, RECOVERY_EVENT_SIGNING_SECRET,
+# SANDBOX_CALLBACK_SECRET).
 
 # The redact filter runs on the handler: a logger's own filters never see its children's
 # records. recovery.apps also redacts every record where it is created, for other handlers.
@@ -377,6 +385,9 @@ if RECOVERY_TRUSTED_PROXY_COUNT < 1:
 # adapters send it as a Bearer token, the sandbox refuses any request without it. A fixed key in
 # DEBUG (the embedded demo on 127.0.0.1); in production the sandbox is closed unless it is set.
 SANDBOX_API_KEY = env("SANDBOX_API_KEY", "embedded-sandbox-key" if DEBUG else "")
+# The tracker's own secret for signing the callbacks it sends when a task is approved or rejected
+# (sandbox.services.decide_task): the engine checks them with RECOVERY_EVENT_SIGNING_SECRET.
+SANDBOX_CALLBACK_SECRET = env("SANDBOX_CALLBACK_SECRET", RECOVERY_EVENT_SIGNING_SECRET)
 
 # Sessions: one shift (8 h from login, not extended by the console's polling), gone when the
 # browser closes. SameSite=Lax: every state change is a POST with a CSRF token (the permission

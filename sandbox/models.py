@@ -35,6 +35,14 @@ class Task(models.Model):
     cancel_reason = models.TextField(blank=True, default="")
     idempotency_key = models.CharField(max_length=255, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # The assignee's decision (approve/reject), and where the tracker calls back with it: the run's
+    # events endpoint its creator gave (sandbox.services.decide_task), and how that call went.
+    decision = models.CharField(max_length=16, blank=True, default="")
+    decided_by = models.CharField(max_length=200, blank=True, default="")
+    decision_note = models.TextField(blank=True, default="")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    callback_url = models.URLField(max_length=500, blank=True, default="")
+    callback_status = models.CharField(max_length=300, blank=True, default="")
 
     class Meta:
         ordering = ["pk"]
@@ -56,6 +64,10 @@ class Task(models.Model):
             "cancel_reason": self.cancel_reason,
             "idempotency_key": self.idempotency_key,
             "created_at": self.created_at.isoformat(),
+            "decision": self.decision,
+            "decided_by": self.decided_by,
+            "callback_url": self.callback_url,
+            "callback_status": self.callback_status,
         }
 
 

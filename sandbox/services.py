@@ -11,14 +11,17 @@ database: insert, catch IntegrityError, then read what is there; never check-the
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
+import httpx
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from .faults import DB, consume_fault
 from .models import (
@@ -113,14 +116,15 @@ def request_hash(document: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def create_task(*, key: str, title: str, assignee: str, payload: dict) -> Reply:
+def create_task(*, key: str, title: str, assignee: str, payload: dict, callback_url: str = "") -> Reply:
     """Create a task under an Idempotency-Key, like Stripe.
 
     Invariant: one key creates at most one task, even under concurrent requests: the key is
     claimed by inserting its UNIQUE record; the loser of the race gets an IntegrityError and
     reads the winner's record. The same request replays the stored first response (with
     ``Idempotent-Replayed: true``); a different request with that key is a 422."""
-    digest = request_hash({"title": title, "assignee": assignee, "payload": payload})
+    request = {"title": title, "assignee": assignee, "payload": payload}
+    digest = request_hash({**request, "callback_url": callback_url} if callback_url else request)
     with transaction.atomic(using=DB):
         try:
             with transaction.atomic(using=DB):
@@ -130,7 +134,9 @@ def create_task(*, key: str, title: str, assignee: str, payload: dict) -> Reply:
             if record.request_hash != digest:
                 return error(422, "idempotency key reused with a different payload")
             return Reply(record.response_status, record.response_body, {"Idempotent-Replayed": "true"})
-        task = Task.objects.using(DB).create(title=title, assignee=assignee, payload=payload, idempotency_key=key)
+        task = Task.objects.using(DB).create(
+            title=title, assignee=assignee, payload=payload, idempotency_key=key, callback_url=callback_url
+        )
         record.response_status, record.response_body = 201, task.as_json()
         record.save(using=DB, update_fields=["response_status", "response_body"])
     return Reply(record.response_status, record.response_body)
@@ -197,6 +203,72 @@ def cancel_task(task_id: str, *, reason: str) -> Reply:
     if task is None:
         return error(404, f"no task {task_id!r}")
     return Reply(200, task.as_json())
+
+
+DECISIONS = {"approve": "approved", "reject": "rejected"}
+
+
+def decide_task(task_id: str, *, decision: str, by: str, note: str) -> Reply:
+    """The assignee approves or rejects a task. The first decision stands: the same one again
+    changes nothing (and calls back again: the sender's retry, one event under one key at the
+    receiver); the other one, or a decision on a cancelled task, is a 409. Then, if the task was
+    created with a ``callback_url``, the tracker posts the decision there, signed (``_call_back``),
+    and records how that went on the task."""
+    if decision not in DECISIONS:
+        return error(400, "'decision' is approve or reject")
+    pk = parse_public_id(Task.PREFIX, task_id)
+    with transaction.atomic(using=DB):
+        task = Task.objects.using(DB).select_for_update().filter(pk=pk).first()
+        if task is None:
+            return error(404, f"no task {task_id!r}")
+        if task.status == TaskStatus.CANCELLED:
+            return error(409, f"{task.public_id} is cancelled: it cannot be decided")
+        if task.decision and task.decision != DECISIONS[decision]:
+            return error(409, f"{task.public_id} was {task.decision} already, by {task.decided_by}")
+        if not task.decision:
+            task.decision, task.decided_by, task.decision_note = DECISIONS[decision], by, note
+            task.decided_at, task.status = timezone.now(), TaskStatus.DONE
+            task.save(using=DB, update_fields=["decision", "decided_by", "decision_note", "decided_at", "status"])
+    if task.callback_url:
+        task.callback_status = _call_back(task)[:300]
+        Task.objects.using(DB).filter(pk=pk).update(callback_status=task.callback_status)
+    return Reply(200, task.as_json())
+
+
+def _call_back(task: Task) -> str:
+    """POST the task's decision to its callback URL as the event ``task_decided``, under the key
+    ``tracker:<task>:decided``, signed as the engine's own webhooks are (HMAC-SHA256 of
+    "timestamp.body" under SANDBOX_CALLBACK_SECRET). Returns how it went ("201", "failed: …")."""
+    event = {
+        "event": "task_decided",
+        "key": f"tracker:{task.public_id}:decided",
+        "payload": {
+            "task": task.public_id,
+            "decision": task.decision,
+            "by": task.decided_by,
+            "note": task.decision_note,
+        },
+    }
+    body = json.dumps(event, sort_keys=True).encode()
+    timestamp = str(int(time.time()))
+    secret = settings.SANDBOX_CALLBACK_SECRET.encode()
+    digest = hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    headers = {
+        "Content-Type": "application/json",
+        "X-Recovery-Sender": "tracker",
+        "X-Recovery-Timestamp": timestamp,
+        "X-Recovery-Signature": f"sha256={digest}",
+    }
+    try:
+        response = httpx.post(task.callback_url, content=body, headers=headers, timeout=CALLBACK_TIMEOUT)
+    except httpx.HTTPError as exc:
+        return f"failed: {type(exc).__name__}: {exc}"
+    if response.status_code >= 300:
+        return f"failed: {response.status_code} {response.text[:200]}"
+    return str(response.status_code)
+
+
+CALLBACK_TIMEOUT = 10.0
 
 
 # --- Messages (never dedupe) -----------------------------------------------------------

@@ -151,10 +151,15 @@ def tasks(request: HttpRequest) -> Reply:
         payload = {}
     if not isinstance(payload, dict):
         raise BadRequest("'payload' must be a JSON object")
+    callback_url = optional_str(body, "callback_url")
+    if callback_url and not callback_url.startswith(("http://", "https://")):
+        raise BadRequest("'callback_url' is an http(s) URL")
     return services.run_faultable(
         "tasks",
         "create",
-        lambda: services.create_task(key=key, title=title, assignee=assignee, payload=payload),
+        lambda: services.create_task(
+            key=key, title=title, assignee=assignee, payload=payload, callback_url=callback_url
+        ),
     )
 
 
@@ -167,6 +172,15 @@ def task(request: HttpRequest, task_id: str) -> Reply:
 def task_cancel(request: HttpRequest, task_id: str) -> Reply:
     reason = required_str(body_object(request), "reason")
     return services.run_faultable("tasks", "cancel", lambda: services.cancel_task(task_id, reason=reason))
+
+
+@json_endpoint("POST")
+def task_decide(request: HttpRequest, task_id: str) -> Reply:
+    """The assignee's approve or reject (``{"decision": "approve", "by": "alice", "note": …}``);
+    the tracker then calls the task's ``callback_url`` back, signed (services.decide_task)."""
+    body = body_object(request)
+    decision, by, note = required_str(body, "decision"), required_str(body, "by"), optional_str(body, "note")
+    return services.decide_task(task_id, decision=decision, by=by, note=note)
 
 
 # --- Messages --------------------------------------------------------------------------

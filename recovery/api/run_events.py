@@ -16,7 +16,14 @@ The key may come from an ``Idempotency-Key`` header instead (both given: they mu
 passed, or another event ended it): recorded, never applied. ``step``: the wait step it was for
 ("" for one that came before its wait was reached: used when it is).
 
-Errors are ``{"error": …}`` and write nothing: 401 no or an unknown or revoked token, 404 an
+A system that cannot hold a token signs the request instead, as our alert webhook is signed
+(the tracker's callback when a task is decided): ``X-Recovery-Sender: tracker``,
+``X-Recovery-Timestamp`` (Unix seconds, within 5 minutes of now) and ``X-Recovery-Signature:
+sha256=`` the HMAC-SHA256 of "timestamp.body" under RECOVERY_EVENT_SIGNING_SECRET; audited as
+``signed:<sender>``. A signed sender may send events to any run.
+
+Errors are ``{"error": …}`` and write nothing: 401 no or an unknown or revoked token (or a
+signature that does not match, a stale timestamp), 404 an
 unknown run, 403 a token for another workflow, 400 a body that is not a JSON object (or has
 unknown fields), no event or key, the two keys differing, an event the run's workflow waits for
 nowhere or a payload its wait refuses, 409 a finished run or a key used for another payload
@@ -25,9 +32,14 @@ again, 405 any method but POST. Token auth, no cookies: no CSRF."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import time
+from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -48,12 +60,14 @@ def deliver(request: HttpRequest, workflow_id: str) -> JsonResponse:
     try:
         if request.method != "POST":
             raise ApiError(405, f"method {request.method} not allowed; POST the event", headers={"Allow": "POST"})
-        token = _token(request)
+        signed = _signed_by(request)
+        token = None if signed else _token(request)
         run = WorkflowRun.objects.filter(workflow_id=workflow_id).only("workflow_name").first()
         if run is None:
             raise ApiError(404, f"no run {workflow_id!r}")
-        if not tokens.may_start(token, run.workflow_name):
+        if token is not None and not tokens.may_start(token, run.workflow_name):
             raise ApiError(403, f"this token may not send events to {run.workflow_name!r} runs")
+        sender = f"signed:{signed}" if signed else f"api:{token.name}"
         body = _body(request)
         key = _key(request, body)
         try:
@@ -62,7 +76,7 @@ def deliver(request: HttpRequest, workflow_id: str) -> JsonResponse:
                 event=body["event"],
                 key=key,
                 payload=body.get("payload", {}),
-                actor=f"api:{token.name}",
+                actor=sender,
             )
         except WorkflowRun.DoesNotExist:
             raise ApiError(404, f"no run {workflow_id!r}") from None
@@ -78,10 +92,34 @@ def deliver(request: HttpRequest, workflow_id: str) -> JsonResponse:
         connection.close()
         unavailable = "the database is unavailable right now; nothing was written: send the event again"
         return ApiError(503, unavailable, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}).response()
-    log.info(
-        "event %r (%s) for %s from token %r: new=%s late=%s", event.name, key, workflow_id, token.name, new, event.late
-    )
+    log.info("event %r (%s) for %s from %s: new=%s late=%s", event.name, key, workflow_id, sender, new, event.late)
     return JsonResponse(_event(workflow_id, event, duplicate=not new), status=201 if new else 200)
+
+
+SIGNATURE_TOLERANCE = timedelta(minutes=5)  # a signed request older (or newer) than this is refused: a replay
+
+
+def _signed_by(request: HttpRequest) -> str:
+    """The sender's name of a request signed as our alert webhook is (``X-Recovery-Sender``,
+    ``X-Recovery-Timestamp``, ``X-Recovery-Signature: sha256=`` HMAC-SHA256 of "timestamp.body"
+    under RECOVERY_EVENT_SIGNING_SECRET), checked; "" for a request that is not signed (a token's)."""
+    presented = request.headers.get("X-Recovery-Signature")
+    if presented is None:
+        return ""
+    secret = settings.RECOVERY_EVENT_SIGNING_SECRET
+    sender = (request.headers.get("X-Recovery-Sender") or "").strip()
+    timestamp = request.headers.get("X-Recovery-Timestamp") or ""
+    if not secret:
+        raise ApiError(401, "signed events are not accepted here (RECOVERY_EVENT_SIGNING_SECRET is not set)")
+    if not sender or len(sender) > 60 or not timestamp.isdigit():
+        raise ApiError(401, "a signed event names its sender (X-Recovery-Sender) and its time (X-Recovery-Timestamp)")
+    # Wall time, not the engine's clock: how long ago another system signed it.
+    if abs(time.time() - int(timestamp)) > SIGNATURE_TOLERANCE.total_seconds():
+        raise ApiError(401, "the signed event's timestamp is more than 5 minutes away from now: sign it again")
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + request.body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(presented.encode(), f"sha256={digest}".encode()):
+        raise ApiError(401, "the event's signature does not match its body")
+    return sender
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:

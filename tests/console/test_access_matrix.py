@@ -428,6 +428,16 @@ MATRIX: list[Row] = [
         changes=True,
     ),
     Row(
+        "sandbox:task-decide",
+        "tracker: approve a task",
+        SANDBOX_KEY,
+        {"POST": 200},
+        url=lambda w: f"/sandbox/tasks/{w.task_id}/decide",
+        body=lambda w: {"decision": "approve", "by": "matrix"},
+        json_body=True,
+        changes=True,
+    ),
+    Row(
         "sandbox:messages",
         "messenger: send",
         SANDBOX_KEY,

@@ -37,6 +37,10 @@ def test_creating_a_task_returns_201_with_the_documented_shape(api):
         "cancel_reason",
         "idempotency_key",
         "created_at",
+        "decision",
+        "decided_by",
+        "callback_url",
+        "callback_status",
     }
     assert body["id"].startswith("task_")
     assert body["status"] == "open" and body["cancel_reason"] == "" and body["idempotency_key"] == "key-1"

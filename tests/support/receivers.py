@@ -261,3 +261,20 @@ def tool_calls(*calls: tuple[str, object]) -> dict:
             for index, (name, args) in enumerate(calls)
         ],
     }
+
+
+def sandbox_task(*, key: str, body: dict) -> Outcome:
+    """A task in the simulated tracker, over HTTP (settings.SANDBOX_URL: a live server in the test),
+    under the step's key; the tracker keeps ``callback_url`` to call the run back when decided."""
+    import httpx
+    from django.conf import settings
+
+    headers = {"Idempotency-Key": key, "Authorization": f"Bearer {settings.SANDBOX_API_KEY}"}
+    try:
+        response = httpx.post(f"{settings.SANDBOX_URL}/sandbox/tasks/", json=body, headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        raise UnknownOutcome(f"tracker: {exc}") from None
+    if response.status_code >= 400:
+        raise PermanentError(f"tracker: {response.status_code} {response.text[:200]}")
+    task = response.json()
+    return Outcome(remote_ref=task["id"], result={"task": task["id"]})
