@@ -19,7 +19,8 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.support"]
 RECOVERY_WORKFLOW_MODULES = [
     *RECOVERY_WORKFLOW_MODULES,
     *os.environ.get(
-        "RECOVERY_TEST_WORKFLOW_MODULES", "tests.support.workflows,tests.support.versioned,tests.support.versioned_v1"
+        "RECOVERY_TEST_WORKFLOW_MODULES",
+        "tests.support.workflows,tests.support.waits,tests.support.versioned,tests.support.versioned_v1",
     ).split(","),
 ]
 # The engine's test workflows act on their decisions unguarded on purpose (test_policy is the

@@ -74,15 +74,17 @@ class WaitSpec:
             raise ValueError(f"event {self.event!r}: lower-case letters, digits and _ . - only")
         if self.timeout is not None and self.timeout <= timedelta(0):
             raise ValueError("a wait's timeout is longer than nothing")
-        if not self.event and self.timeout is None and self.until is None:
-            raise ValueError("a timer needs until= or a duration")
+        if self.timeout is None and self.until is None:
+            # Every wait has a time: its run waits until then (never polled), and what happens
+            # then is declared — a wait that could last forever would be a silent rejection.
+            raise ValueError("a wait needs a timeout (a timer: until= or a duration)")
 
     @property
     def is_timer(self) -> bool:
         return not self.event
 
-    def deadline(self, ctx: Any, now: datetime) -> datetime | None:
-        """When the wait reached at ``now`` ends with no event (None: it waits for the event only)."""
+    def deadline(self, ctx: Any, now: datetime) -> datetime:
+        """When the wait reached at ``now`` ends with no event (a timer: its time)."""
         if self.until is not None:
             until = self.until(ctx)
             if isinstance(until, str):
@@ -90,7 +92,8 @@ class WaitSpec:
             if not isinstance(until, datetime) or until.tzinfo is None:
                 raise ValueError(f"until= gave {until!r}: an aware datetime (or its ISO text) is needed")
             return until
-        return now + self.timeout if self.timeout is not None else None
+        assert self.timeout is not None
+        return now + self.timeout
 
     def validate(self, payload: Any) -> dict[str, Any]:
         """The event's payload as the step will see it: a JSON object, validated by ``schema``."""
@@ -105,7 +108,5 @@ class WaitSpec:
         if self.is_timer:
             return f"sleeps for {self.timeout}" if self.until is None else "sleeps until the time its workflow sets"
         what = f"waits for event {self.event!r}"
-        if self.until is None and self.timeout is None:
-            return f"{what}, with no deadline"
         until = f"for {self.timeout}" if self.until is None else "until the time its workflow sets"
         return f"{what} {until}; then {self.on_timeout.text()}"

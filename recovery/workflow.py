@@ -345,7 +345,7 @@ class Workflow:
         self,
         *,
         event: str,
-        timeout: timedelta | None,
+        timeout: timedelta,
         on_timeout: OnTimeout,
         schema: type[pydantic.BaseModel] | None = None,
         name: str | None = None,

@@ -235,12 +235,12 @@ def _wait(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> bool
             transitions.wait_begin(lease=lease, spec=spec, until=until)
             return False
         until = step.next_attempt_at
-        if until is None or now < until:  # woken before its time (an event for another wait, a sweep)
+        if until is not None and now < until:  # woken before its time (an event for another wait, a sweep)
             transitions.run_wait(lease=lease, wake_at=until, reason=transitions.waiting_text(spec, until))
             return False
         default = spec.wait.on_timeout.default
         if spec.wait.is_timer:
-            default = _wait_result(spec, plan.context(step), {"woke_at": until.isoformat()})
+            default = _wait_result(spec, plan.context(step), {"woke_at": (until or now).isoformat()})
         transitions.wait_time_out(lease=lease, spec=spec, result=default, complete_run=last)
     except transitions.EventHere:
         return True  # decided again, with the event in view

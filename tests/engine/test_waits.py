@@ -15,8 +15,9 @@ from recovery.engine.transitions import perform, run_deliver_event, run_start
 from recovery.errors import EventConflict, EventRefused
 from recovery.models import AuditEvent, RunEvent, RunState, StepState, WorkflowRun
 from recovery.waiting import OnTimeout, WaitSpec
-from tests.support import receivers, workflows
+from tests.support import receivers
 from tests.support.engine import assert_invariants, doomed_worker, drive, person
+from tests.support.waits import approval as approval_step
 
 pytestmark = pytest.mark.django_db
 
@@ -149,7 +150,7 @@ def test_an_event_after_the_deadline_is_recorded_not_applied_and_the_run_goes_to
 def test_a_wait_that_declares_a_default_goes_on_with_it_and_says_so(clock, monkeypatch):
     default = {"approved": False, "amount": 0, "by": "nobody"}
     wait = WaitSpec(event="approved", timeout=THREE_DAYS, on_timeout=OnTimeout.proceed(default))
-    monkeypatch.setattr(workflows.approval, "wait", wait)
+    monkeypatch.setattr(approval_step, "wait", wait)
     run = drive(started(), clock)
     clock.advance(THREE_DAYS.total_seconds())
     run = drive(run, clock)

@@ -2,7 +2,7 @@
 deadline passed; and an event delivered to a run.
 
 A waiting run holds no lease and no worker: it is ``waiting`` with its wake-up at the wait's
-deadline (none for a wait without one), found by the claim's due-run index only once due. An
+deadline (every wait has one), found by the claim's due-run index only once due. An
 event delivered for it makes it due at once. Events are kept as they came (``RunEvent``,
 insert-only, unique per run and sender's key): one that comes before its wait is reached is
 applied when it is; one that comes after the wait ended is recorded as ``late`` and never
@@ -63,22 +63,18 @@ def _no_event_yet(change: _Change, spec: StepSpec) -> None:
             raise EventHere(f"{spec.name}: event {spec.wait.event!r} is here")
 
 
-def until_text(until: datetime | None) -> str:
-    return f"until {until:%Y-%m-%d %H:%M} UTC" if until is not None else "with no deadline"
-
-
-def waiting_text(spec: StepSpec, until: datetime | None) -> str:
+def waiting_text(spec: StepSpec, until: datetime) -> str:
     """ "approval: waiting for event 'approved' until 2026-12-07 03:12 UTC; then the run goes to review" """
     assert spec.wait is not None
     if spec.wait.is_timer:
-        return f"{spec.name}: sleeping until {until:%Y-%m-%d %H:%M:%S} UTC" if until else f"{spec.name}: sleeping"
-    then = f"; then {spec.wait.on_timeout.text()}" if until is not None else ""
-    return f"{spec.name}: waiting for event {spec.wait.event!r} {until_text(until)}{then}"
+        return f"{spec.name}: sleeping until {until:%Y-%m-%d %H:%M:%S} UTC"
+    then = spec.wait.on_timeout.text()
+    return f"{spec.name}: waiting for event {spec.wait.event!r} until {until:%Y-%m-%d %H:%M} UTC; then {then}"
 
 
-def wait_begin(*, lease: Lease, spec: StepSpec, until: datetime | None, now: datetime | None = None) -> StepExecution:
+def wait_begin(*, lease: Lease, spec: StepSpec, until: datetime, now: datetime | None = None) -> StepExecution:
     """The run reached the wait step with no event for it: it waits, holding nothing, until
-    ``until`` (its deadline; None: until an event comes)."""
+    ``until`` (its deadline, a timer's time), or until an event for it comes."""
 
     def body(change: _Change) -> None:
         run, step = change.run, change.step
@@ -92,7 +88,7 @@ def wait_begin(*, lease: Lease, spec: StepSpec, until: datetime | None, now: dat
         _release_into(run, RunState.WAITING, wake_at=until, reason=why)
         change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
         change.reason = why
-        change.extra = {"until": until.isoformat() if until else None}
+        change.extra = {"until": until.isoformat()}
 
     return _step_transition(lease, spec.name, AuditAction.WAIT_BEGIN, now, body)
 
