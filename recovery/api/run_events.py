@@ -40,12 +40,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from recovery.api import tokens
-from recovery.api.views import RETRY_AFTER_SECONDS, ApiError, _json_body, _token
+from recovery.api.views import ApiError, _json_body, _token, unavailable
 from recovery.engine.transitions import run_deliver_event
 from recovery.errors import EventConflict, InvalidTransition
 from recovery.models import RunEvent, WorkflowRun
@@ -86,12 +86,8 @@ def deliver(request: HttpRequest, workflow_id: str) -> JsonResponse:
             raise ApiError(400, str(exc)) from None
     except ApiError as exc:
         return exc.response()
-    except (OperationalError, InterfaceError) as exc:
-        # As the event API: nothing was written; the sender sends it again (the same key is one event).
-        log.warning("run event API: database unavailable: %s: %s", type(exc).__name__, exc)
-        connection.close()
-        unavailable = "the database is unavailable right now; nothing was written: send the event again"
-        return ApiError(503, unavailable, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}).response()
+    except (OperationalError, InterfaceError) as exc:  # sent again, the same key is one event
+        return unavailable(exc, "run event API")
     log.info("event %r (%s) for %s from %s: new=%s late=%s", event.name, key, workflow_id, sender, new, event.late)
     return JsonResponse(_event(workflow_id, event, duplicate=not new), status=201 if new else 200)
 

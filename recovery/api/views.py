@@ -94,15 +94,21 @@ def events(request: HttpRequest, workflow_name: str) -> JsonResponse:
     except (OperationalError, InterfaceError) as exc:
         # The database is restarting or out of reach: nothing was written; the sender should try
         # again (the same event is the same run), not take it as refused.
-        log.warning("event API: database unavailable: %s: %s", type(exc).__name__, exc)
-        connection.close()
-        unavailable = "the database is unavailable right now; nothing was written: send the event again"
-        return ApiError(503, unavailable, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}).response()
+        return unavailable(exc, "event API")
     log.info("event for %s from token %r: %s (%s)", workflow.name, token.name, run.workflow_id, created)
     return JsonResponse(
         {"workflow_id": run.workflow_id, "version": run.workflow_version, "state": run.state, "created": created},
         status=201 if created else 200,
     )
+
+
+def unavailable(exc: Exception, where: str) -> JsonResponse:
+    """A 503 with Retry-After for a database out of reach (restarting, failing over): nothing was
+    written, and the sender sends the same request again (the same event, the same key)."""
+    log.warning("%s: database unavailable: %s: %s", where, type(exc).__name__, exc)
+    connection.close()
+    said = "the database is unavailable right now; nothing was written: send the event again"
+    return ApiError(503, said, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}).response()
 
 
 def _token(request: HttpRequest) -> tokens.ApiToken:

@@ -92,6 +92,14 @@ class WorkflowRun(models.Model):
                 name="run_in_progress_idx",
                 condition=models.Q(state__in=IN_PROGRESS_RUN_STATES),
             ),
+            # The claim's walk by id over the runs in progress but not waiting: a waiting run (for
+            # its retry, or for days for an event) is found by run_due_idx once its time has come,
+            # never walked before (transitions.leases._pick_in_two_walks).
+            models.Index(
+                fields=["id"],
+                name="run_active_idx",
+                condition=models.Q(state__in=["pending", "compensating", "running"]),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -4,6 +4,7 @@ transitions' table; here the same claims run on both paths, on twin runs, and th
 leave (run, steps, audit event, history) are compared field by field."""
 
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -117,27 +118,20 @@ def test_the_claims_generic_plan_walks_only_the_runs_in_progress(clock):
     """A prepared claim runs on a generic plan after its fifth execution: its run states must be
     literals in the statement, or PostgreSQL cannot match an index on the runs in progress and
     walks every finished run instead (33-75 ms a claim at 100,000 of them, measured). Which index
-    it takes is the planner's choice (run_in_progress_idx, or run_due_idx's state column, as the
-    statistics go); what is asserted is the walk: the rows the plan read, executed."""
+    it takes is the planner's choice; what is asserted is the walk: the rows the plan read,
+    executed, beside finished runs, runs waiting for days and a backlog of due ones."""
     from recovery import registry
     from recovery.engine.transitions.leases import _PICKED, _pick_params, _pick_sql
 
     now = clock.now()
     finished = 3000
-    WorkflowRun.objects.bulk_create(
-        WorkflowRun(
-            workflow_id=f"done:{i}",
-            workflow_name="test_orders",
-            workflow_version=1,
-            state=RunState.COMPLETED,
-            input={},
-            input_hash="",
-            created_at=now,
-            updated_at=now,
-        )
-        for i in range(finished)
-    )
+    many(finished, "done", now, state=RunState.COMPLETED)
+    # Runs at a durable wait, due in three days: as many again, older than the due run. The claim
+    # must not walk them either (issue 38: 100,000 waiting runs cost every claim 100 ms).
+    many(finished, "waits", now, state=RunState.WAITING, next_wake_at=now + timedelta(days=3))
     due = pending("due", clock)
+    # And a backlog of newer due runs: the claim takes the oldest without reading them all.
+    many(BACKLOG, "backlog", now, state=RunState.PENDING)
     sql, params = _pick_sql(connection.vendor, False, registry.deployed(), _PICKED)
     numbered = sql
     for n in range(1, len(params) + 1):
@@ -157,10 +151,31 @@ def test_the_claims_generic_plan_walks_only_the_runs_in_progress(clock):
             cursor.execute("RESET plan_cache_mode")
     explained = json.loads(explained) if isinstance(explained, str) else explained
     root = explained[0]["Plan"]
-    assert root["Actual Rows"] == 1, root  # it picked the due run
+    assert root["Actual Rows"] == 1, root  # it picked the oldest due run
     walked = _rows_read(root, "recovery_workflowrun", _RUN_INDEXES)
-    assert walked <= 10, f"{walked} runs read to claim 1 among {finished} finished: {json.dumps(root)[:3000]}"
+    beside = f"beside {finished} finished, as many waiting and {BACKLOG} due"
+    assert walked <= 10, f"{walked} runs read to claim 1 {beside}: {root}"
     assert WorkflowRun.objects.filter(pk=due.pk, state=RunState.PENDING).exists()
+
+
+BACKLOG = 400
+
+
+def many(n: int, prefix: str, now, **fields) -> None:
+    """``n`` runs of test_orders written at once, in the state ``fields`` give (no steps)."""
+    WorkflowRun.objects.bulk_create(
+        WorkflowRun(
+            workflow_id=f"{prefix}:{i}",
+            workflow_name="test_orders",
+            workflow_version=1,
+            input={},
+            input_hash="",
+            created_at=now,
+            updated_at=now,
+            **fields,
+        )
+        for i in range(n)
+    )
 
 
 # The run table's indexes, as a bitmap index scan names its index without its table.

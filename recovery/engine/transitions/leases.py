@@ -15,7 +15,6 @@ from django.db.models import Exists, OuterRef, Q
 from recovery import clock, registry
 from recovery.engine import metrics, storage
 from recovery.models import (
-    IN_PROGRESS_RUN_STATES,
     OutboxMessage,
     RunState,
     StepExecution,
@@ -87,24 +86,67 @@ def claimable(now: datetime, owner: str | None = None) -> Q:
     not reserved for another executor (``owner``: the one asking; None: any executor). A pending
     run of a workflow a supervisor paused (WorkflowPause, whole) stays pending until it is
     unpaused; a run already under way is taken, and stops before its next attempt."""
-    unowned = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
-    due = Q(next_wake_at__isnull=True) | Q(next_wake_at__lte=now)
-    in_progress = Q(state__in=IN_PROGRESS_RUN_STATES)
+    return _active(now, owner) | _waiting(now, owner)
+
+
+# The states a claim walks by id (run_active_idx); a waiting run is found by its wake-up time.
+ACTIVE_RUN_STATES = [RunState.PENDING, RunState.COMPENSATING, RunState.RUNNING]
+
+
+def _free(now: datetime, owner: str | None) -> Q:
+    """Not reserved for another executor."""
     free = Q(reserved_for__isnull=True) | Q(reserved_until__lte=now)
-    if owner is not None:
-        free |= Q(reserved_for=owner)
+    return free | Q(reserved_for=owner) if owner is not None else free
+
+
+def _waiting(now: datetime, owner: str | None) -> Q:
+    """Claimable waiting runs: their wake-up time has come — always set: for a retry, a look-up,
+    an event's deadline, a timer (run_due_idx: state, next_wake_at <= now, a range)."""
+    unowned = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now)
+    return Q(state=RunState.WAITING, next_wake_at__lte=now) & unowned & _free(now, owner)
+
+
+def _active(now: datetime, owner: str | None) -> Q:
+    """Claimable pending and compensating runs (due, unowned) and running ones whose lease
+    expired, written without a condition on one state as an alternative of its own: so
+    PostgreSQL walks run_active_idx by id and stops at the first (alternatives on one state each
+    are served by a bitmap of every such run, read whole then sorted: a backlog of 400 pending
+    runs was 400 rows a claim). The states come first, as literals (``_states_inline``), to match
+    that index's predicate."""
     paused = WorkflowPause.objects.filter(workflow_name=OuterRef("workflow_name"), step_name="", released_at=None)
     released = Exists(paused.filter(pk=OuterRef("workflow_pause_id")))  # a canary of the pause in force
-    # in_progress is implied by the rest; stated, it lets PostgreSQL use run_in_progress_idx.
     return (
-        in_progress
-        & (
-            (Q(state__in=[RunState.WAITING, RunState.COMPENSATING]) & due & unowned)
-            | (Q(state=RunState.PENDING) & due & unowned & (~Exists(paused) | released))
-            | Q(state=RunState.RUNNING, lease_expires_at__lte=now)
-        )
-        & free
+        Q(state__in=ACTIVE_RUN_STATES)
+        & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+        & (~Q(state=RunState.RUNNING) | Q(lease_expires_at__lte=now))  # taken over: its lease expired
+        & (Q(state=RunState.RUNNING) | Q(next_wake_at__isnull=True) | Q(next_wake_at__lte=now))  # due
+        & (~Q(state=RunState.PENDING) | ~Exists(paused) | released)  # not kept pending by a pause
+        & _free(now, owner)
     )
+
+
+def _pick_in_two_walks(
+    deployed: tuple[tuple[str, tuple[int, ...]], ...], columns: tuple[str, ...]
+) -> tuple[str, tuple[Any, ...]]:
+    """PostgreSQL's pick of the next run, as two walks that each stop at the first run they can
+    lock: a waiting run whose time has come (run_due_idx: state, next_wake_at <= now, a range),
+    else the oldest pending, compensating or running one (run_active_idx, by id). A run waiting
+    for days is in neither: 100,000 of them cost a claim nothing (bench/waits.py), where one walk
+    by id over every run in progress read them all. The second walk runs only when the first
+    found nothing (its one-time filter)."""
+    base = WorkflowRun.objects.filter(registry.deployed_filter(deployed))
+    now, owner = _SENTINEL_TIME, _SENTINEL_OWNER
+    skip = connection.features.has_select_for_update_skip_locked
+    waiting = base.filter(_waiting(now, owner)).order_by("next_wake_at", "pk")
+    first_found = "NOT EXISTS (SELECT 1 FROM due_waiting)"  # the second walk only if the first found none
+    active = base.filter(_active(now, owner)).extra(where=[first_found]).order_by("pk")
+    parts = []
+    for qs in (waiting, active):
+        with transaction.atomic():  # Django compiles FOR UPDATE only inside a transaction; nothing runs here
+            parts.append(qs.select_for_update(skip_locked=skip).values(*columns)[:1].query.sql_with_params())
+    (w_sql, w_params), (a_sql, a_params) = parts
+    sql = f"WITH due_waiting AS ({w_sql}), oldest AS ({a_sql}) SELECT * FROM due_waiting UNION ALL SELECT * FROM oldest"
+    return _states_inline(sql, (*w_params, *a_params))
 
 
 def runs_release_reservation(*, run_pks: Iterable[int], owner: str) -> int:
@@ -188,6 +230,8 @@ def _pick_sql(
     qs = WorkflowRun.objects.filter(claimable(_SENTINEL_TIME, _SENTINEL_OWNER), registry.deployed_filter(deployed))
     if one_run:
         qs = qs.filter(pk=-1)
+    elif vendor == "postgresql" and columns:
+        return _pick_in_two_walks(deployed, columns)
     qs = qs.order_by("pk").select_for_update(skip_locked=connection.features.has_select_for_update_skip_locked)
     if columns:
         qs = qs.values(*columns)
