@@ -35,12 +35,16 @@ class QueryCounter:
             elapsed = time.perf_counter() - started
             self.count += 1
             self.seconds += elapsed
-            if self.keep_sql:
-                try:
-                    text = connection.ops.compose_sql(sql, params) if params else sql
-                except Exception:  # noqa: BLE001 - a query that cannot be composed is still counted
-                    text = sql
-                self.queries.append({"sql": text, "ms": round(elapsed * 1000, 3)})
+            self.observed(sql, params, elapsed)
+
+    def observed(self, sql: str, params: Any, elapsed: float) -> None:
+        """One statement counted (a subclass keeps what else it needs of it)."""
+        if self.keep_sql:
+            try:
+                text = connection.ops.compose_sql(sql, params) if params else sql
+            except Exception:  # noqa: BLE001 - a query that cannot be composed is still counted
+                text = sql
+            self.queries.append({"sql": text, "ms": round(elapsed * 1000, 3)})
 
 
 class QueryCountMiddleware:

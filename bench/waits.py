@@ -86,6 +86,8 @@ import psycopg
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the ``bench`` namespace package, also when run as bench/waits.py
 
+from bench.querycount import QueryCounter  # noqa: E402
+
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 WORKFLOWS = "workflows.registry,bench.waits_workflow"
 CLAIM_MARK = "WITH picked AS"  # storage.claim's statement
@@ -100,24 +102,17 @@ class BenchFailed(Exception):
     """A run that did not end as it must: printed as FAIL, exit status 1."""
 
 
-class Counter:
-    """Every SQL statement on Django's connection while installed: how many, how long, claims apart."""
+class Counter(QueryCounter):
+    """Every SQL statement on Django's connection while installed: how many, how long (the
+    console bench's counter), the claims' times apart."""
 
     def __init__(self) -> None:
-        self.count = 0
-        self.seconds = 0.0
+        super().__init__(keep_sql=False)
         self.claims: list[float] = []
 
-    def __call__(self, execute: Callable, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-        started = time.perf_counter()
-        try:
-            return execute(sql, params, many, context)
-        finally:
-            elapsed = time.perf_counter() - started
-            self.count += 1
-            self.seconds += elapsed
-            if CLAIM_MARK in sql:
-                self.claims.append(elapsed)
+    def observed(self, sql: str, params: Any, elapsed: float) -> None:
+        if CLAIM_MARK in sql:
+            self.claims.append(elapsed)
 
 
 def counted(work: Callable[[], object]) -> tuple[Counter, float]:
@@ -251,14 +246,15 @@ def insert_waiting(count: int, prefix: str, template_pk: int, batch: int) -> flo
 # --- the claim's plan ------------------------------------------------------------------
 
 
-def _rows_read(node: dict, table: str, indexes: set[str]) -> int:
-    """Rows of ``table`` a plan's scans read (kept, and removed by their filters), every loop."""
-    own = node.get("Relation Name") == table or node.get("Index Name") in indexes
+def _rows_read(node: dict, table: str) -> int:
+    """Live rows of ``table`` a plan's scans of it read (kept, and removed by their filters), every
+    loop, counted as tests/engine/test_claim_paths.py counts them: a bitmap index scan is not
+    counted itself (its entries include dead rows, which its heap scan skips)."""
     read = 0
-    if own and "Scan" in node["Node Type"]:
+    if node.get("Relation Name") == table and "Scan" in node["Node Type"]:
         removed = node.get("Rows Removed by Filter", 0) + node.get("Rows Removed by Index Recheck", 0)
         read = (node["Actual Rows"] + removed) * node.get("Actual Loops", 1)
-    return read + sum(_rows_read(child, table, indexes) for child in node.get("Plans", []))
+    return read + sum(_rows_read(child, table) for child in node.get("Plans", []))
 
 
 def explain_pick(*, generic: bool, text: bool = False) -> Any:
@@ -298,12 +294,11 @@ def claim_plan(label: str) -> dict[str, Any]:
     """Rows read, buffers and time of the pick, custom and generic plans."""
     from recovery.models import WorkflowRun
 
-    indexes = {index.name for index in WorkflowRun._meta.indexes} | {f"{WorkflowRun._meta.db_table}_pkey"}
     out: dict[str, Any] = {}
     for kind in ("custom", "generic"):
         explained = explain_pick(generic=kind == "generic")[0]
         root = explained["Plan"]
-        out[f"{label}_{kind}_rows_read"] = _rows_read(root, WorkflowRun._meta.db_table, indexes)
+        out[f"{label}_{kind}_rows_read"] = _rows_read(root, WorkflowRun._meta.db_table)
         out[f"{label}_{kind}_buffers"] = root.get("Shared Hit Blocks", 0) + root.get("Shared Read Blocks", 0)
         out[f"{label}_{kind}_ms"] = round(explained["Execution Time"], 3)
         out[f"{label}_{kind}_picked"] = root["Actual Rows"]
