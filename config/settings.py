@@ -389,6 +389,17 @@ SANDBOX_API_KEY = env("SANDBOX_API_KEY", "embedded-sandbox-key" if DEBUG else ""
 # (sandbox.services.decide_task): the engine checks them with RECOVERY_EVENT_SIGNING_SECRET.
 SANDBOX_CALLBACK_SECRET = env("SANDBOX_CALLBACK_SECRET", RECOVERY_EVENT_SIGNING_SECRET)
 
+# The dispute workflow's credit notes above this amount wait for a supervisor's approval before
+# anything is posted (its tool's needs_approval; workflows.dispute). Above 1000.00 its guard refuses.
+DISPUTE_CREDIT_APPROVAL_ABOVE = env("DISPUTE_CREDIT_APPROVAL_ABOVE", "500.00")
+try:
+    if float(DISPUTE_CREDIT_APPROVAL_ABOVE) < 0 or not DISPUTE_CREDIT_APPROVAL_ABOVE.replace(".", "", 1).isdigit():
+        raise ValueError
+except ValueError:
+    raise ImproperlyConfigured(
+        f"DISPUTE_CREDIT_APPROVAL_ABOVE={DISPUTE_CREDIT_APPROVAL_ABOVE!r}: an amount such as 500.00"
+    ) from None
+
 # Sessions: one shift (8 h from login, not extended by the console's polling), gone when the
 # browser closes. SameSite=Lax: every state change is a POST with a CSRF token (the permission
 # matrix in tests/test_access_matrix.py pins it), and Lax withholds the cookie from cross-site

@@ -52,6 +52,8 @@ class OperatorAction:
     # takes a corrected input, or a corrected intent of its step (JSON: --input-file, --intent-file), and
     # --effects-stand (transitions.restarts)
     correction: bool = False
+    # takes the sender's idempotency key (the API's): the same decision again under it is the first one
+    keyed: bool = False
     # What it does and what it could send to another system, one sentence each ("{step}": its step),
     # as the run page says it beside the button and ``show_run`` beside the command line.
     does: str = ""
@@ -251,6 +253,56 @@ ACTIONS: dict[str, OperatorAction] = {
             ask="Ask the model again from before turn {turn}? Calls already made stay made "
             "(compensate them explicitly); later calls get a new key version.",
         ),
+        # a tool call waiting for a person's approval (recovery.waiting.ToolApproval): the tool's
+        # approver role is checked too (transitions.call_approvals); the console's Approvals panel
+        OperatorAction(
+            "approve_call",
+            "approve the tool call",
+            "decide_call",
+            StepArg.REQUIRED,
+            keyed=True,
+            does="lets the agent's call {step} go as the model asked it; its guards check it again first",
+            sends="{step}'s request, under its own key",
+        ),
+        OperatorAction(
+            "edit_call",
+            "edit and approve the tool call",
+            "decide_call",
+            StepArg.REQUIRED,
+            keyed=True,
+            decision=True,
+            does="replaces {step}'s arguments with yours (checked against the tool's schema, the change kept in "
+            "the audit trail) and lets it go; its guards check them first",
+            sends="{step}'s request with your arguments, under its own key",
+        ),
+        OperatorAction(
+            "reject_call",
+            "reject the tool call",
+            "decide_call",
+            StepArg.REQUIRED,
+            keyed=True,
+            does="answers {step} to the model as refused, with your reason as the message; the agent goes on",
+            sends="nothing for {step}; the model is asked its next turn",
+        ),
+        OperatorAction(
+            "answer_call",
+            "answer in place of the tool",
+            "decide_call",
+            StepArg.REQUIRED,
+            keyed=True,
+            decision=True,
+            does="gives the model your answer (a JSON object) as {step}'s result; the tool is not called",
+            sends="nothing for {step}; the model is asked its next turn",
+        ),
+        OperatorAction(
+            "take",
+            "take it",
+            "take",
+            StepArg.REQUIRED,
+            does="assigns {step} to you in the inbox, for everyone to see; anyone with its role may still decide it",
+            sends="nothing",
+            button="I take {step}",
+        ),
         OperatorAction(
             "move_version",
             "move to another version",
@@ -334,7 +386,8 @@ RECOMMENDED: dict[str, tuple[str, ...]] = {
     ALERT_FIRING: ("snooze_alert",),
 }
 NO_RUN_ACTION = {
-    "approval": "a second supervisor approves or turns down the request below; nothing else is needed",
+    "approval": "a person of the role it names decides: the tool call under Approvals below, or the four-eyes "
+    "request; nothing else is needed",
     "lease_expired": "another executor takes the run over once its lease is past: start one if none runs",
     "no_executor": "start an executor (manage.py run_executor): no action on the run is needed, it goes on "
     "once one runs",

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import models
 
 from recovery.retries import RetryPolicy
-from recovery.waiting import WaitSpec
+from recovery.waiting import ToolApproval, WaitSpec
 
 
 class Rerun(models.TextChoices):
@@ -383,6 +383,8 @@ class ToolSpec(StepSpec):
     arguments: type[pydantic.BaseModel] | None = None
     description: str = ""
     tool_name: str = ""
+    # Its calls (or those the rule picks) wait for a person before anything is sent (recovery.waiting).
+    approval: ToolApproval | None = None
 
     def definition(self) -> dict[str, Any]:
         """The tool as OpenAI-compatible function calling declares it."""

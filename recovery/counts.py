@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connections
-from django.db.models import BooleanField, Count, F, Func, Min, Q, QuerySet
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, Func, Min, Q, QuerySet
 
 from recovery import executors, registry
 from recovery.errors import ErrorKind
@@ -30,6 +30,7 @@ from recovery.models import (
 )
 from recovery.states import STUCK_LABELS as STUCK_LABELS  # re-exported: cause -> label, in the console's order
 from recovery.states import StuckCause
+from recovery.workflow import is_journal_name, parse_journal_name
 
 COUNT_CAP = 10_000  # counts above this read "10,000+": no full COUNT(*) over a big table per request
 
@@ -103,7 +104,10 @@ def stuck_causes(now: datetime) -> dict[str, tuple[str, Q]]:
         StuckCause.MESSAGE_UNDELIVERED: runs_among(
             OutboxMessage.objects.filter(state=OutboxState.FAILED).values("run_id")
         ),
-        StuckCause.APPROVAL: runs_among(ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id")),
+        # A four-eyes request; a tool call held for a person past its deadline: escalated, or in review.
+        StuckCause.APPROVAL: runs_among(ApprovalRequest.objects.filter(state=ApprovalState.PENDING).values("run_id"))
+        | any_run_with(state=StepState.WAITING, approval__has_key="escalated_at")
+        | runs_with(state=StepState.FAILED, approval__has_key="timed_out_at"),
         # A run that would go on, but whose (name, version) this deployment lacks: no executor here
         # claims it (recovery.registry). It waits in its state for its version, or to be moved.
         StuckCause.VERSION_NOT_DEPLOYED: Q(state__in=IN_PROGRESS_RUN_STATES) & ~registry.deployed_filter(),
@@ -259,14 +263,22 @@ def oldest_undelivered(now: datetime) -> float:
     return max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
 
 
-def waiting_steps() -> dict[tuple[str, str], int]:
-    """(workflow, wait step) → the durable waits under way (steps ``waiting``; step_state_kind_idx)."""
+def waiting_steps() -> dict[tuple[str, str, str], int]:
+    """(workflow, wait step or tool, cause) → the waits under way (steps ``waiting``;
+    step_state_kind_idx): cause ``wait`` for a wait step (an event, a time), ``approval`` for a
+    tool call held for a person (labelled by its tool, not its journal row)."""
     rows = (
         StepExecution.objects.filter(state=StepState.WAITING)
-        .values_list("run__workflow_name", "step_name")
+        .annotate(held=ExpressionWrapper(Q(approval__isnull=False), output_field=BooleanField()))
+        .values_list("run__workflow_name", "step_name", "held")
         .annotate(n=Count("id"))
     )
-    return {(workflow, step): n for workflow, step, n in rows}
+    found: dict[tuple[str, str, str], int] = {}
+    for workflow, step, held, n in rows:
+        label = (parse_journal_name(step).tool or step) if is_journal_name(step) else step
+        key = (workflow, label, "approval" if held else "wait")
+        found[key] = found.get(key, 0) + n
+    return found
 
 
 def _state_only(cond: Q) -> str | None:

@@ -122,6 +122,11 @@ class EventConflict(InvalidTransition):
     """An event for a finished run, or a key already used for another payload (an API answers 409)."""
 
 
+class DecisionRefused(InvalidTransition):
+    """A person's decision on a tool call that its schema refuses, or that changes nothing (an API
+    answers 400)."""
+
+
 class ApprovalRequired(InvalidTransition):
     """The workflow puts this action behind a second supervisor (four-eyes): request it."""
 

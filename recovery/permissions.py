@@ -39,6 +39,8 @@ REQUIRED_ROLE: dict[str, Role] = {
     "reset_attempts": Role.SUPERVISOR,  # give a step waiting for its retry its whole budget back
     "pause_workflow": Role.SUPERVISOR,  # pause (and unpause) a whole workflow, or one step of it
     "send_event": Role.OPERATOR,  # send a run the event its wait waits for (an approver's answer, in their stead)
+    "take": Role.OPERATOR,  # take an inbox item ("I take this"): a call to decide, a wait for an event
+    "decide_call": Role.OPERATOR,  # approve, edit, reject or answer a tool call; and the tool's own approver role
     "approve": Role.SUPERVISOR,  # a four-eyes request (recovery.engine.transitions.approval_grant)
     "bulk": Role.OPERATOR,  # the bulk form; each action then needs its own role (terminate: a supervisor)
     "sandbox": Role.SUPERVISOR,

@@ -113,6 +113,8 @@ class AuditAction(models.TextChoices):
     EVENT_RECEIVED = "event_received", "event received"
     EVENT_APPLIED = "event_applied", "event applied"
     WAIT_TIMEOUT = "wait_timeout", "wait timed out"
+    CALL_HELD = "call_held", "tool call waits for a person's approval"
+    APPROVAL_ESCALATED = "approval_escalated", "escalated at its deadline"
     # operators' actions audited under a name of their own
     RESOLVE = "resolve", "outcome settled by an operator"
     POLICY_OVERRIDE = "policy_override", "refusal overridden"

@@ -29,14 +29,21 @@ import pydantic
 EVENT_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_.-")
 
 
+ROLES = ("operator", "supervisor")  # who may decide (recovery.permissions: a supervisor may too)
+
+
 @dataclass(frozen=True)
 class OnTimeout:
     """What a wait does when its deadline passes with no event: ``proceed(default)`` — the step
     succeeds with ``default`` as its result, said so in the audit trail — or ``review()`` — the
-    run stops for an operator, the step failed "no event by the deadline"."""
+    run stops for an operator, the step failed "no event by the deadline". A tool call waiting for
+    its approval may also ``escalate(role, timeout=…)``: it goes on waiting, for ``timeout`` more,
+    for a person of ``role`` (the stuck alert fires), then goes to review."""
 
     action: str
     default: Any = None
+    role: str = ""
+    timeout: timedelta | None = None
 
     @classmethod
     def proceed(cls, default: Any) -> OnTimeout:
@@ -46,15 +53,77 @@ class OnTimeout:
     def review(cls) -> OnTimeout:
         return cls("review")
 
+    @classmethod
+    def escalate(cls, role: str, *, timeout: timedelta) -> OnTimeout:
+        return cls("escalate", role=role, timeout=timeout)
+
     def __post_init__(self) -> None:
-        if self.action not in ("proceed", "review"):
-            raise ValueError(f"on_timeout: proceed(default) or review(), not {self.action!r}")
+        if self.action not in ("proceed", "review", "escalate"):
+            raise ValueError(f"on_timeout: proceed(default), review() or escalate(role), not {self.action!r}")
+        if self.action == "escalate":
+            if self.role not in ROLES:
+                raise ValueError(f"escalate({self.role!r}): to {' or '.join(ROLES)}")
+            if self.timeout is None or self.timeout <= timedelta(0):
+                raise ValueError("escalate: how long the escalated approval waits (timeout=) is longer than nothing")
 
     def text(self) -> str:
         """What the console says happens at the deadline."""
         if self.action == "proceed":
             return f"the run goes on with {self.default!r}"
+        if self.action == "escalate":
+            return f"it goes to {a_role(self.role)} for {_duration(self.timeout)} more, then to review"
         return "the run goes to review"
+
+
+@dataclass(frozen=True)
+class ToolApproval:
+    """A tool whose calls (all, or those ``when`` says) wait for a person before anything is sent
+    (``Workflow.tool(needs_approval=…)``): a person of ``role`` approves the call, edits its
+    arguments (validated by the tool's schema; the guards run again), rejects it (the reason is
+    answered to the model as the tool's result) or answers in the tool's place. ``when(arguments,
+    ctx)``: the call's validated arguments and its context (the run's input, earlier results)."""
+
+    when: bool | Callable[[dict[str, Any], Any], bool]
+    role: str = "supervisor"
+    timeout: timedelta = timedelta(days=3)
+    on_timeout: OnTimeout = OnTimeout("review")
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"approver={self.role!r}: {' or '.join(ROLES)}")
+        if self.timeout <= timedelta(0):
+            raise ValueError("approval_timeout: longer than nothing (a person needs time to decide)")
+        if self.on_timeout.action == "proceed":
+            # a call approved (or refused) by the clock would be a decision nobody made
+            raise ValueError("an approval's timeout escalates or goes to review: it never decides by itself")
+
+    def needed(self, arguments: dict[str, Any], ctx: Any) -> bool:
+        return bool(self.when(arguments, ctx)) if callable(self.when) else bool(self.when)
+
+    def describe(self) -> str:
+        """ "a supervisor approves each call within 3 days; then the run goes to review" """
+        which = "each call" if not callable(self.when) else f"calls {_first_doc_line(self.when) or 'its rule picks'}"
+        return f"{a_role(self.role)} approves {which} within {_duration(self.timeout)}; then {self.on_timeout.text()}"
+
+
+def a_role(role: str) -> str:
+    """ "an operator", "a supervisor" """
+    return f"an {role}" if role[:1] in ("a", "e", "i", "o", "u") else f"a {role}"
+
+
+def _duration(value: timedelta | None) -> str:
+    if value is None:
+        return ""
+    seconds = int(value.total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count > 1 else ''}"
+    return f"{seconds} seconds"
+
+
+def _first_doc_line(fn: Callable) -> str:
+    return ((getattr(fn, "__doc__", None) or "").strip().splitlines() or [""])[0].rstrip(".")
 
 
 @dataclass(frozen=True)

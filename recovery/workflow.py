@@ -80,7 +80,7 @@ from recovery.registry import (  # noqa: F401  (re-exported: the registry, as au
 )
 from recovery.retries import DEFAULT_POLICY, RetryPolicy
 from recovery.states import STUCK_LABELS
-from recovery.waiting import OnTimeout, WaitSpec
+from recovery.waiting import OnTimeout, ToolApproval, WaitSpec
 
 
 def _stuck_after(value: timedelta | Mapping[str, timedelta] | None) -> dict[str, timedelta]:
@@ -450,6 +450,10 @@ class Workflow:
         timeout: float | Callable[[], float | None] | None = None,
         settle: timedelta | None = DEFAULT_SETTLE,
         result: type[pydantic.BaseModel] | None = None,
+        needs_approval: bool | Callable[[dict[str, Any], StepContext], bool] = False,
+        approver: str = "supervisor",
+        approval_timeout: timedelta = timedelta(days=3),
+        on_approval_timeout: OnTimeout = OnTimeout.review(),
     ) -> Callable[[Callable], ToolSpec]:
         """Declare a tool an agent step's model may call, with the same recovery contract as a
         step (``effect``, ``rerun``, ``reconcile`` with ``@tool.lookup``, ``@tool.compensate``,
@@ -461,7 +465,12 @@ class Workflow:
         function's first docstring line) tells the model what the tool does.
 
         Each call is a row of the run, named ``agent:turn:index:tool``, whose idempotency key is
-        ``hash(workflow_id:agent:turn:index:tool:vN)``: stable across crashes and resumes."""
+        ``hash(workflow_id:agent:turn:index:tool:vN)``: stable across crashes and resumes.
+
+        ``needs_approval`` (True, or ``rule(arguments, ctx)``): such a call, once its guards pass,
+        waits for a person of role ``approver`` — nothing is sent — who approves, edits, rejects
+        or answers it (recovery.waiting.ToolApproval); ``on_approval_timeout`` after
+        ``approval_timeout``: review, or ``OnTimeout.escalate(role, timeout=…)``."""
         if local and reconcile not in (None, Reconcile.RERUN):
             raise ValueError("a local tool commits with its outcome: it reconciles by re-running")
         if reconcile is None and (local or rerun == Rerun.YES):
@@ -491,6 +500,9 @@ class Workflow:
                 arguments=arguments,
                 description=description or _first_line(fn),
                 tool_name=tool_name,
+                approval=ToolApproval(needs_approval, approver, approval_timeout, on_approval_timeout)
+                if needs_approval
+                else None,
             )
             self.tools[tool_name] = spec
             return spec

@@ -24,7 +24,7 @@ from recovery.actions import (
     parse_object,
     parse_version,
 )
-from recovery.console import bulk_facts
+from recovery.console import bulk_facts, call_forms
 from recovery.engine import evidence, transitions
 from recovery.errors import ApprovalRequired, InvalidTransition
 from recovery.models import (
@@ -142,7 +142,7 @@ class Action:
 # Where the console shows each action: the decision tools sit with the model's decision, a
 # restart has its page (recovery.console.restart_views), linked from the run page.
 DECISION_TOOLS = ("supersede", "decide_again")
-OWN_PAGES = (*DECISION_TOOLS, "restart")
+OWN_PAGES = (*DECISION_TOOLS, "restart", *call_forms.OWN_SECTION)
 
 
 def offered(detail: dict[str, Any], user: AbstractBaseUser, *, now: datetime) -> list[tuple[str, str | None]]:

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from recovery.console import event_views, export_views, restart_views, views
+from recovery.console import event_views, export_views, inbox_views, restart_views, views
 
 app_name = "console"
 
@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<path:workflow_id>", views.run_detail, name="run"),
     path("bulk", views.bulk_action, name="bulk"),
     path("dashboard", views.dashboard, name="dashboard"),
+    path("inbox", inbox_views.inbox_page, name="inbox"),
     path("workflows/pauses", views.workflow_pauses, name="workflow-pauses"),
     path("audit/export", export_views.export_audit, name="audit-export"),
 ]

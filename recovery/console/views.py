@@ -17,7 +17,7 @@ from django_htmx.http import HttpResponseStopPolling
 
 from recovery import clock, counts, why
 from recovery.actions import PERMISSION_OF
-from recovery.console import alert_lists, incidents, overview, panel, selectors, services
+from recovery.console import alert_lists, call_forms, incidents, overview, panel, selectors, services
 from recovery.engine.transitions import (
     TERMINAL_RUN_STATES,
     lease_is_live,
@@ -143,7 +143,8 @@ def _render_run(request: HttpRequest, workflow_id: str, *, message: str = "", st
         decision_tools=services.decision_tools(detail, request.user, now=now, pairs=pairs),
         restart_from=[step for name, step in pairs if name == "restart"],
         restarts=services.restarts(detail["run"]),
-        event_forms=services.event_forms(detail, request.user),
+        event_forms=call_forms.with_takes(services.event_forms(detail, request.user), detail, pairs),
+        call_forms=call_forms.call_forms(detail, request.user, pairs),
         approvals=approvals,
         why=why.why_not_moving(
             detail["run"],

@@ -172,6 +172,8 @@ def _step(lease: Lease, plan: Plan, step: StepExecution) -> bool | fold.Begun:
         return _agent(lease, plan, spec, step)
     if spec.is_wait:
         return _wait(lease, plan, spec, step)
+    if step.state == StepState.WAITING:  # a tool call held for a person's approval
+        return _approval_due(lease, spec, step)
     now = clock.now()
 
     if step.state == StepState.RUNNING:
@@ -246,6 +248,22 @@ def _wait(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> bool
         return True  # decided again, with the event in view
     failpoints.hit(spec.name, "after_outcome")
     return spec.wait.on_timeout.action == "proceed"
+
+
+def _approval_due(lease: Lease, spec: StepSpec, step: StepExecution) -> bool:
+    """A tool call held for a person, woken with no decision: before its deadline (a sweep) it
+    waits on; after, it escalates once or goes to review, as its tool declares."""
+    assert spec.approval is not None
+    approval, until = step.approval or {}, step.next_attempt_at
+    if until is not None and clock.now() < until:
+        role, escalated = approval.get("role", ""), bool(approval.get("escalated_at"))
+        reason = transitions.approval_text(spec, step.step_name, role, until, escalated=escalated)
+        transitions.run_wait(lease=lease, wake_at=until, reason=reason)
+    elif spec.approval.on_timeout.action == "escalate" and not approval.get("escalated_at"):
+        transitions.call_approval_escalate(lease=lease, spec=spec, step_name=step.step_name)
+    else:
+        transitions.call_approval_time_out(lease=lease, step_name=step.step_name)
+    return False
 
 
 def _wait_result(spec: StepSpec, ctx: StepContext, default: Any) -> Any:
@@ -395,6 +413,9 @@ def _execute(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> f
         lease, plan.workflow, spec, step, replace(ctx, intent=intent), plan.steps
     ):
         return  # refused or deferred before anything was checkpointed or sent
+    if step.state != StepState.UNKNOWN and transitions.approval_needed(spec, step, intent, replace(ctx, intent=intent)):
+        transitions.call_hold(lease=lease, spec=spec, step_name=name, arguments=intent)
+        return  # a person decides first: nothing sent
     request_hash = payload_hash(intent)
     if step.request_hash and step.request_hash != request_hash:
         # Stripe's rule: the same key with a different payload is a conflict, never a replay.

@@ -162,6 +162,8 @@ def _plain_call(spec: StepSpec, step: StepExecution) -> bool:
     """A call made the ordinary way, pending, due, within its budget."""
     if spec.asks_model or spec.local or spec.outbox or spec.is_agent or spec.is_wait:
         return False
+    if getattr(spec, "approval", None) is not None:  # it may wait for a person: decided the ordinary way
+        return False
     if step.state != StepState.PENDING or step.refusal:
         return False
     if step.next_attempt_at is not None and step.next_attempt_at > clock.now():

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
+from recovery.contract import is_journal_name, parse_journal_name
 from recovery.states import AuditAction
 
 STEP_ATTEMPTS = Counter(
@@ -71,7 +72,8 @@ ALERTS_SENT = Counter(
 WAIT_DURATION = Histogram(
     "recovery_wait_seconds",
     "How long a durable wait lasted: from the run reaching it to its event applied (outcome event; 0 for an "
-    "event that came first) or to its deadline (outcome deadline: what the wait declares, or a timer's time).",
+    "event that came first) or to its deadline (outcome deadline: what the wait declares, or a timer's time); "
+    "for a tool call held for a person (step: the tool), to its decision (approve, edit, reject, answer).",
     ["workflow", "step", "outcome"],
     buckets=(1, 10, 60, 300, 900, 3600, 4 * 3600, 86400, 3 * 86400, 7 * 86400, 30 * 86400),
 )
@@ -140,11 +142,17 @@ def _waited(workflow: str, action: str, step: str, after: Mapping[str, Any]) -> 
     if action == AuditAction.EVENT_RECEIVED:
         EVENTS_RECEIVED.labels(workflow, after.get("event", ""), "true" if after.get("late") else "false").inc()
         return
-    ended = "event" if action == AuditAction.EVENT_APPLIED else "deadline"
-    WAIT_DURATION.labels(workflow, step, ended).observe(after.get("waited_seconds", 0.0))
+    # a held tool call's decision (its outcome: approve, edit, reject, answer), labelled by its tool
+    ended = after.get("decision") or ("event" if action == AuditAction.EVENT_APPLIED else "deadline")
+    label = (parse_journal_name(step).tool or step) if is_journal_name(step) else step
+    WAIT_DURATION.labels(workflow, label, ended).observe(after.get("waited_seconds", 0.0))
 
 
-WAIT_ACTIONS = frozenset({AuditAction.EVENT_RECEIVED, AuditAction.EVENT_APPLIED, AuditAction.WAIT_TIMEOUT})
+# A held tool call's decisions (recovery.engine.transitions.call_approvals): time to decision.
+DECISION_ACTIONS = frozenset({"approve_call", "edit_call", "reject_call", "answer_call"})
+WAIT_ACTIONS = frozenset({AuditAction.EVENT_RECEIVED, AuditAction.EVENT_APPLIED, AuditAction.WAIT_TIMEOUT}) | (
+    DECISION_ACTIONS
+)
 
 
 def transition(workflow: str, action: str, step: str, after: Mapping[str, Any]) -> None:

@@ -168,6 +168,9 @@ class StepExecution(models.Model):
     # adds the columns in place.
     restarts = models.PositiveSmallIntegerField(null=True, blank=True)
     correction = models.JSONField(null=True, blank=True)
+    # A tool call waiting for a person (recovery.waiting.ToolApproval), then decided: role, asked_at,
+    # escalated_at; decision, by, at, reason, key, changes (transitions.call_approvals).
+    approval = models.JSONField(null=True, blank=True)
     updated_at = models.DateTimeField()
     history = HistoricalRecords()
 

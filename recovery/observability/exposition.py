@@ -63,11 +63,12 @@ class DatabaseGauges:
         yield paused
         waiting = GaugeMetricFamily(
             "recovery_waiting_steps",
-            "Durable waits under way (a run at its wait, holding no worker), by workflow and wait step.",
-            labels=["workflow", "step"],
+            "Waits under way, holding no worker, by workflow, step and cause: a wait step (wait: an event, a "
+            "time), or a tool call held for a person's decision (approval; step: the tool).",
+            labels=["workflow", "step", "cause"],
         )
-        for (workflow, step), n in counts.waiting_steps().items():
-            waiting.add_metric([workflow, step], n)
+        for (workflow, step, cause), n in counts.waiting_steps().items():
+            waiting.add_metric([workflow, step, cause], n)
         yield waiting
         yield GaugeMetricFamily(
             "recovery_outbox_oldest_undelivered_seconds",

@@ -58,6 +58,7 @@ from sandbox.models import Fault, IdempotencyRecord, LedgerEntry, Message, Task
 from tests.support import receivers
 from tests.support.console import failed_run, unknown_run
 from tests.support.engine import drive
+from tests.support.waits import HELD_CALL
 
 pytestmark = pytest.mark.django_db(databases=["default", "sandbox"])
 
@@ -112,8 +113,11 @@ STEP_OF_ACTION = {
     "decide_again": "decide",
     "stop_agent": "resolve",
     "fork_agent": "resolve:2",
+    **dict.fromkeys(("approve_call", "edit_call", "reject_call", "answer_call", "take"), HELD_CALL),
 }
 CORRECTED = json.dumps({"category": "office", "amount": 120, "approver": "alice"})
+HELD_EDIT = json.dumps({"invoice": "inv-1", "amount": 90})  # a held credit note, lowered
+HELD_ANSWER = json.dumps({"entry": "posted by hand"})
 
 
 def action_row(action: str, *, needs: str = "", step: str | None = None, role: Role | None = None) -> Row:
@@ -132,6 +136,7 @@ def action_row(action: str, *, needs: str = "", step: str | None = None, role: R
         "moving": lambda w: w.moving,
         "paused": lambda w: w.paused,
         "backoff": lambda w: w.backoff,
+        "held": lambda w: w.held,
     }[needs]
     step = STEP_OF_ACTION.get(action, "") if step is None else step
     return Row(
@@ -147,7 +152,7 @@ def action_row(action: str, *, needs: str = "", step: str | None = None, role: R
             "version": run_version(run(w)),
             "remote_ref": w.remote_message if action == "resolve_happened" else "",
             "request": w.request_id if needs == "approval" else "",
-            "decision": CORRECTED if action == "supersede" else "",
+            "decision": {"supersede": CORRECTED, "edit_call": HELD_EDIT, "answer_call": HELD_ANSWER}.get(action, ""),
             "to_version": "2" if action == "move_version" else "",
             **(restart_body(run(w)) if action == "restart" else {}),
         },
@@ -259,6 +264,25 @@ MATRIX: list[Row] = [
         changes=True,
         needs="waiting",
     ),
+    # an operator's: a credit note above 100 held for an operator's approval (test_held_calls)
+    action_row("approve_call", needs="held"),
+    action_row("edit_call", needs="held"),
+    action_row("reject_call", needs="held"),
+    action_row("answer_call", needs="held"),
+    action_row("take", needs="held"),
+    Row("console:inbox", "inbox", Console(Role.VIEWER), READ, url=lambda w: "/inbox?role=operator", needs="held"),
+    Row(
+        "api:run-decisions",
+        "decision API: a held call approved for a named operator",
+        TOKEN,
+        {"POST": 201},
+        url=lambda w: f"/api/runs/{w.held.workflow_id}/decisions",
+        body=lambda w: {"call": HELD_CALL, "decision": "approve", "reason": "matrix", "as": "matrix-decider"},
+        json_body=True,
+        changes=True,
+        needs="held",
+    ),
+    Row("api:inbox", "decision API: the inbox", TOKEN, {"GET": 200}, url=lambda w: "/api/inbox", needs="held"),
     action_row("approve", needs="approval"),  # another supervisor's request to terminate
     action_row("reject", needs="approval"),
     Row(
@@ -625,10 +649,15 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
     faults.set_fault("ledger", "post", "slow", times=1, delay_ms=1)
     w.supervisor_group = Group.objects.get_or_create(name="supervisor")[0].pk
     w.bystander = get_user_model().objects.create_user("bystander", password="pw").pk
-    token_for = "test_approvals" if needs == "waiting" else "test_orders"  # the event's sender, for a waiting run
+    # the event's sender, for a waiting run; the chat bot deciding for a person, for a held call
+    token_for = {"waiting": "test_approvals", "held": "test_held_calls"}.get(needs, "test_orders")
     w.token = tokens.issue_token(name="erp", workflow_name=token_for, may_pause=True)[1]
     if needs == "waiting":  # a run waiting for its approver's event (a durable wait)
         w.waiting = drive(run_start(workflow="test_approvals", data={"tenant": "t", "order_id": "waits"})[0], clock)
+    if needs == "held":  # a credit note of 120 waits for an operator's approval; the bot decides for one
+        w.held = drive(run_start(workflow="test_held_calls", data={"tenant": "t", "order_id": "held"})[0], clock)
+        decider = get_user_model().objects.create_user("matrix-decider", password="pw")
+        decider.groups.add(Group.objects.get_or_create(name="operator")[0])
     if needs == "workflow_paused":  # a supervisor paused a step of the workflow: it can be released
         workflow_pause(workflow="test_orders", step_name="notify", actor="matrix", reason="matrix")
     sweeper_beat(name="matrix")  # so that /readyz answers ready

@@ -240,8 +240,9 @@ def test_the_runs_table_keeps_the_selection_across_its_refreshes(clock):
 
 def test_every_button_is_worded_by_the_action_table_with_facts_the_console_fills_in():
     """recovery.actions holds each action's button and question; the console only fills them in
-    (recovery.console.services._button). Decisions are edited in a form of their own, and a restart
-    has its page (recovery.console.restart_views)."""
+    (recovery.console.services._button). Decisions are edited in a form of their own, a restart
+    has its page (recovery.console.restart_views), and a held tool call is decided in its section
+    (recovery.console.call_forms)."""
     import string
 
     from recovery.actions import ACTIONS
@@ -249,7 +250,8 @@ def test_every_button_is_worded_by_the_action_table_with_facts_the_console_fills
     facts = {"step", "agent", "turn", "rule", "description"}
     for name, spec in ACTIONS.items():
         texts = [spec.button, spec.ask, spec.button_run, spec.ask_run]
-        assert bool(spec.button) == (name not in ("supersede", "decide_again", "restart")), name
+        own_form = ("supersede", "decide_again", "restart", "approve_call", "edit_call", "reject_call", "answer_call")
+        assert bool(spec.button) == (name not in own_form), name
         assert bool(spec.button_run) == (spec.step == "optional"), name
         named = {field for text in texts for _, field, _, _ in string.Formatter().parse(text) if field}
         assert named <= facts, (name, named - facts)

@@ -322,7 +322,8 @@ def test_metrics_count_the_events_how_long_each_wait_lasted_and_the_waits_under_
     )
     with django_capture_on_commit_callbacks(execute=True):
         run = drive(started(), clock)
-        assert 'recovery_waiting_steps{step="approval",workflow="test_approvals"} 1.0' in exposition.render().decode()
+        gauge = 'recovery_waiting_steps{cause="wait",step="approval",workflow="test_approvals"} 1.0'
+        assert gauge in exposition.render().decode()
         clock.advance(7200)
         deliver(run)
         deliver(run)  # the sender's retry: the same event, not counted again

@@ -103,3 +103,74 @@ def test_an_event_committed_while_the_executor_times_the_wait_out_is_applied(pos
     assert raced and not event.late
     assert (approval.state, approval.remote_ref) == (StepState.SUCCEEDED, "in-time")
     assert not AuditEvent.objects.filter(run=run, action="wait_timeout", step_name="approval").exists()
+
+
+def test_ten_people_deciding_one_held_call_at_once_make_one_decision_and_one_entry(postgres_only, clock):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    from recovery.engine.transitions import perform
+    from recovery.errors import InvalidTransition
+    from tests.support.waits import HELD_CALL
+
+    run = drive(run_start(workflow="test_held_calls", data={"tenant": "t", "order_id": "held"})[0], clock)
+    assert run.state == RunState.WAITING
+    group = Group.objects.get_or_create(name="operator")[0]
+    people = [get_user_model().objects.create_user(f"op-{i}", password="pw") for i in range(10)]
+    for user in people:
+        user.groups.add(group)
+
+    def decide(i: int) -> str:
+        action = ("approve_call", "reject_call")[i % 2]
+        try:
+            perform(action, workflow_id=run.workflow_id, step_name=HELD_CALL, actor=people[i], reason=f"r{i}")
+        except InvalidTransition as exc:
+            return f"refused: {exc}"
+        return action
+
+    outcomes = in_threads(10, decide)
+    made = [o for o in outcomes if not o.startswith("refused")]
+    assert len(made) == 1, outcomes
+    assert all("decided already" in o for o in outcomes if o.startswith("refused")), outcomes
+    assert AuditEvent.objects.filter(run=run, action__in=["approve_call", "reject_call"]).count() == 1
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED
+    assert receivers.counts()["ledger"] == (1 if made == ["approve_call"] else 0)
+
+
+def test_a_decision_racing_the_executor_at_the_deadline_is_made_or_refused_never_both(postgres_only, clock):
+    from recovery.engine.transitions import perform
+    from recovery.errors import InvalidTransition
+    from tests.support.engine import person
+    from tests.support.waits import HELD_CALL
+
+    olga = person("olga", "operator")
+    outcomes = Counter()
+    for i in range(6):
+        run = drive(run_start(workflow="test_held_calls", data={"tenant": "t", "order_id": f"dl-{i}"})[0], clock)
+        clock.set(run.steps.get(step_name=HELD_CALL).next_attempt_at)
+
+        def race(j: int, run=run):
+            if j == 0:
+                return advance(run.pk, owner="racer")
+            try:
+                perform("approve_call", workflow_id=run.workflow_id, step_name=HELD_CALL, actor=olga, reason="ok")
+            except InvalidTransition as exc:
+                return f"refused: {exc}"
+            return "approved"
+
+        results = in_threads(2, race)
+        call = run.steps.get(step_name=HELD_CALL)
+        decided = AuditEvent.objects.filter(run=run, action="approve_call").count()
+        timed_out = AuditEvent.objects.filter(run=run, action="wait_timeout", step_name=HELD_CALL).count()
+        if results[1] == "approved":
+            assert (decided, call.approval["decision"]) == (1, "approve"), results
+            # decided first: no timeout; or the timeout came first and the call was decided in review after it
+            outcomes["approved"] += 1
+        else:
+            assert decided == 0 and call.state in (StepState.FAILED, StepState.WAITING), (results, call.state)
+            outcomes["refused while held"] += 1
+        assert timed_out <= 1
+        drive(run, clock)
+    assert sum(outcomes.values()) == 6, outcomes
+    assert receivers.counts()["ledger"] == outcomes["approved"]

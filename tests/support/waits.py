@@ -1,6 +1,7 @@
 """Test workflows with durable waits (issue 38): a task, then the approver's event (or the
 deadline), a timer, a posting (``test_approvals``); and a task in the simulated tracker, which
-calls the run back over HTTP when it is decided (``test_tracked_approval``)."""
+calls the run back over HTTP when it is decided (``test_tracked_approval``); an agent whose credit
+notes above 100 wait for an operator's approval (``test_held_calls``)."""
 
 from datetime import timedelta
 
@@ -10,7 +11,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from recovery.workflow import OnTimeout, PolicyRefusal, Reconcile, Rerun, Workflow
 
 from . import receivers
-from .workflows import FAST, Event
+from .workflows import (
+    FAST,
+    CreditArgs,
+    Dispute,
+    Event,
+    Resolution,
+    credit,
+    disputes,
+    find_invoice,
+    notify_customer,
+    resolve,
+)
 
 # --- durable waits: a task, then the approver's event (or the deadline), a timer, a posting ----
 
@@ -136,3 +148,50 @@ def _(ctx):
     if decided["decision"] != "approved":
         said = f"{decided['task']} was {decided['decision']} by {decided['by']}"
         raise PolicyRefusal("approved_by_assignee", said, {"note": decided["note"]})
+
+
+# --- a tool call held for a person: test_agent, whose credit notes above 100 wait for an operator ---
+
+held_disputes = Workflow(
+    "test_held_calls",
+    version=1,
+    input_schema=Dispute,
+    workflow_id=lambda i: f"held:{i['tenant']}:{i['order_id']}",
+    description="test_agent, with its credit notes above 100 held for an operator's approval",
+)
+held_disputes.tools = {name: tool for name, tool in disputes.tools.items() if name != "credit"}
+HELD_CALL = "resolve:2:0:credit"
+
+
+@held_disputes.tool(
+    arguments=CreditArgs,
+    effect="a ledger entry",
+    rerun=Rerun.NO,
+    reconcile=Reconcile.LOOKUP,
+    retry=FAST,
+    compensable=True,
+    needs_approval=lambda arguments, ctx: arguments["amount"] > 100,
+    approver="operator",
+    name="credit",
+)
+def held_credit(ctx):
+    """Post a credit note to the ledger."""
+    return credit.call(ctx)
+
+
+@held_credit.lookup
+def _(ctx):
+    return receivers.find_entry(reference=ctx.idempotency_key)
+
+
+@held_credit.compensate(who="supervisor")
+def _(ctx):
+    """Reverse the credit note."""
+    return receivers.reverse_entry(entry_ref=ctx.intent["remote_ref"], reference=ctx.idempotency_key)
+
+
+@held_disputes.agent(
+    tools=[find_invoice, held_credit, notify_customer], schema=Resolution, max_turns=5, retry=FAST, name="resolve"
+)
+def _(ctx):
+    return resolve.call(ctx)

@@ -104,8 +104,9 @@ class RulesAgent:
             return self._close(
                 answers, "escalated", "0.00", currency, f"the credit note was not issued: {note['error']}"
             )
+        issued = _issued(note) or credit  # a supervisor may have lowered it before it was issued
         return self._close(
-            answers, "credited", str(credit), currency, f"credit note {note['remote_ref']} for invoice {invoice_id}"
+            answers, "credited", str(issued), currency, f"credit note {note['remote_ref']} for invoice {invoice_id}"
         )
 
     def _close(self, answers: dict, outcome: str, credit: str, currency: str, why: str) -> dict[str, Any]:
@@ -130,6 +131,14 @@ def _answers(messages: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for call in m.get("tool_calls") or ()
     }
     return {names[m["tool_call_id"]]: json.loads(m["content"]) for m in messages if m["role"] == "tool"}
+
+
+def _issued(note: dict[str, Any]) -> Decimal | None:
+    """The amount the credit note was issued for, as the ledger answered it (a negative entry)."""
+    try:
+        return abs(Decimal(str((note.get("result") or {})["amount"])))
+    except (KeyError, TypeError, InvalidOperation):
+        return None
 
 
 def _credit(complaint: str, invoiced: Decimal) -> Decimal | None:

@@ -3,8 +3,10 @@ the ledger, decides, issues a credit note (a reversing ledger entry, compensable
 customer — each tool call with a step's recovery contract, each turn journaled.
 
 Guards check every credit note before anything is written: it credits a posted, unreversed
-invoice, in its currency, for at most its amount, and at most CREDIT_LIMIT without a person. A
-refusal is answered to the model, which escalates the dispute."""
+invoice, in its currency, for at most its amount, and at most CREDIT_LIMIT. A refusal is answered
+to the model, which escalates the dispute. A credit note above DISPUTE_CREDIT_APPROVAL_ABOVE
+(settings; 500.00 by default) waits for a supervisor, who approves it, lowers it, rejects it with a
+message the model reads, or answers in its place (docs/agents.md, "People in the loop")."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Literal
 
+from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import PermanentError, PolicyRefusal
@@ -25,7 +28,7 @@ from .agent import get_agent_provider, opening
 
 AMOUNT = r"^(0|[1-9][0-9]{0,9})(\.[0-9]{1,2})?$"
 LINK = re.compile(r"(https?://|www\.)\S+|\S+@\S+\.\w+", re.IGNORECASE)
-CREDIT_LIMIT = Decimal("1000.00")  # larger credit notes need a person: the guard refuses them
+CREDIT_LIMIT = Decimal("1000.00")  # larger credit notes are refused by the guard
 
 
 class DisputeEvent(BaseModel):
@@ -108,6 +111,11 @@ def look_up_invoice(ctx):
     }
 
 
+def above_approval_limit(arguments: dict, ctx) -> bool:
+    """above DISPUTE_CREDIT_APPROVAL_ABOVE"""
+    return Decimal(arguments["amount"]) > Decimal(settings.DISPUTE_CREDIT_APPROVAL_ABOVE)
+
+
 @dispute.tool(
     arguments=CreditNote,
     effect="a credit note in the ledger (a reversing entry)",
@@ -115,6 +123,8 @@ def look_up_invoice(ctx):
     reconcile=Reconcile.LOOKUP,
     retry=LEDGER_POLICY,
     compensable=True,
+    needs_approval=above_approval_limit,
+    approver="supervisor",
 )
 def issue_credit_note(ctx):
     """Credit part or all of an invoice with a reversing ledger entry."""

@@ -38,6 +38,21 @@ from .alerts import (
     alert_snooze,
 )
 from .approvals import approval_decide, approval_grant, approval_reject, approval_request
+from .call_approvals import (
+    DECISIONS,
+    already_decided,
+    approval_needed,
+    approval_text,
+    awaits_decision,
+    call_answer,
+    call_approval_escalate,
+    call_approval_time_out,
+    call_approve,
+    call_edit,
+    call_hold,
+    call_reject,
+    item_take,
+)
 from .checkpoints import Draft, FenceMiss, Lease, leased_run
 from .compensation import (
     compensation_begin,
@@ -140,6 +155,19 @@ from .workflow_pauses import in_force as workflow_pauses_in_force
 from .workflow_pauses import workflow_pause, workflow_pause_if_failing
 
 __all__ = [
+    "DECISIONS",
+    "already_decided",
+    "approval_needed",
+    "approval_text",
+    "awaits_decision",
+    "call_answer",
+    "call_approval_escalate",
+    "call_approval_time_out",
+    "call_approve",
+    "call_edit",
+    "call_hold",
+    "call_reject",
+    "item_take",
     "EventHere",
     "event_for",
     "run_deliver_event",

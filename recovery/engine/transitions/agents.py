@@ -161,7 +161,7 @@ def agent_stop(act: Act) -> None:
     agent = act.step
     left_out = []
     for row in journal_rows(step_name, act.situation.steps):
-        if row.state == StepState.PENDING and not row.attempts:
+        if row.state in (StepState.PENDING, StepState.WAITING) and not row.attempts:  # waiting: for approval
             _leave_out(row, f"not made: the agent was stopped by {who}: {reason}", act.now, act.actor)
             left_out.append(row.step_name)
     agent.refusal = {"rule": offers.AGENT_STOPPED, "message": f"stopped by {who}: {reason}", "values": {}}

@@ -36,10 +36,12 @@ def perform(
     effects_stand: bool = False,
     wake_at: datetime | None = None,
     correction: tuple[str, Any] | None = None,
+    key: str | None = None,
 ) -> WorkflowRun:
     """Perform ``action`` through its transition, which checks the run's state, the reason,
     the page's version (``expect``) and the four-eyes rule. ``correction``: a restart's
-    ("input" or "intent", the corrected JSON). A person's role is checked here
+    ("input" or "intent", the corrected JSON). ``key``: a tool call's decision's, as its sender
+    keys it (recorded with it). A person's role is checked here
     for every surface (NotPermitted); the executor and systems (``actor`` None) are not people.
     A system's label (``"api:monitor"``) acts as a system: its API checked what its token may do.
     Raises InvalidTransition for an unknown action or a missing step, as the transitions do
@@ -80,6 +82,10 @@ def perform(
         arguments.update(edited=edited, value=value, effects_stand=effects_stand)
     elif correction is not None:
         raise InvalidTransition(f"{action} takes no corrected input")
+    if spec.keyed:
+        arguments["key"] = key or ""
+    elif key:
+        raise InvalidTransition(f"{action} takes no idempotency key")
     if spec.waves:
         arguments["wake_at"] = wake_at  # a run released in a wave: due then (transitions.waves)
     elif wake_at is not None:

@@ -118,7 +118,10 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "refuse_to_model": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.SKIPPED),
     # an agent's journal row left out: not made (stopped), or out of the conversation (a fork);
     # a call that succeeded stays succeeded (its effect stands), an unknown one is reconciled first
-    "leave_out": (frozenset({StepState.PENDING, StepState.FAILED, StepState.SUCCEEDED}), StepState.SKIPPED),
+    "leave_out": (
+        frozenset({StepState.PENDING, StepState.FAILED, StepState.SUCCEEDED, StepState.WAITING}),
+        StepState.SKIPPED,
+    ),
     "defer_check": (frozenset({StepState.PENDING, StepState.FAILED}), StepState.PENDING),
     # a restart from this step or an earlier one: made again (a new key where it had an effect)
     "restart": (
@@ -140,6 +143,11 @@ STEP_TRANSITIONS: dict[str, tuple[frozenset[StepState], StepState]] = {
     "wait_end": (frozenset({StepState.PENDING, StepState.WAITING}), StepState.SUCCEEDED),
     # its deadline passed with no event, and the wait declares review
     "wait_time_out": (frozenset({StepState.WAITING}), StepState.FAILED),
+    # a tool call that waited for a person (transitions.call_approvals), decided: approved or edited
+    # (made next), rejected (answered to the model), answered in the tool's place
+    "call_decided": (frozenset({StepState.WAITING, StepState.FAILED}), StepState.PENDING),
+    "call_rejected": (frozenset({StepState.WAITING, StepState.FAILED}), StepState.SKIPPED),
+    "call_answered": (frozenset({StepState.WAITING, StepState.FAILED}), StepState.SUCCEEDED),
     "compensate": (frozenset({StepState.SUCCEEDED, StepState.COMPENSATION_FAILED}), StepState.COMPENSATING),
     "compensation_begin": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATING),
     "compensation_succeed": (frozenset({StepState.COMPENSATING}), StepState.COMPENSATED),

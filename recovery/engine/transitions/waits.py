@@ -164,10 +164,13 @@ def _waited(step: StepExecution, now: datetime) -> float:
 
 
 def waits_for_event(run: WorkflowRun) -> StepExecution | None:
-    """The run's wait step waiting for its event now, if any: a sender or a person acts next."""
+    """The run's step waiting for an event or a person's decision now, if any (a wait step, a
+    tool call held for approval): a sender or a person acts next, not the clock alone."""
     step = StepExecution.objects.filter(run=run, state=StepState.WAITING).first()
     if step is None:
         return None
+    if step.approval:  # a tool call held for a person (transitions.call_approvals)
+        return step
     wait = workflow_of(run).get_step(step.step_name).wait
     return step if wait is not None and not wait.is_timer else None
 

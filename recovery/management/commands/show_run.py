@@ -9,7 +9,7 @@ from django.utils.timezone import localtime
 from recovery import clock, executors, recommend, why
 from recovery.clock import time_of_day
 from recovery.console.selectors import run_document
-from recovery.engine.transitions import DONE_STEP_STATES, lease_is_live
+from recovery.engine.transitions import DONE_STEP_STATES, lease_is_live, waits_for_event
 from recovery.management.base import RecoveryCommand
 from recovery.models import RunState, WorkflowRun
 from recovery.text import printable
@@ -119,7 +119,9 @@ def _wait_until_resting(workflow_id: str, seconds: float) -> bool:
         # A run whose executor died rests only while no executor is live: a live one takes it over.
         held = run.state == RunState.RUNNING and (lease_is_live(run, now) or executors.any_live(now))
         kept = why.kept_by(run, why.whole_pauses([run])) is not None  # rests until its workflow is unpaused
-        moving = (run.state in MOVING and not kept) or held
+        # A run at a wait for an event, or with a tool call held for a person, rests until one acts.
+        for_person = run.state == RunState.WAITING and waits_for_event(run) is not None
+        moving = (run.state in MOVING and not kept and not for_person) or held
         if not moving or time.monotonic() >= deadline:
             return moving
         time.sleep(POLL_SECONDS)
