@@ -128,20 +128,22 @@ def _call(step: StepExecution, spec: Any) -> Item:
 
 
 def _wait(step: StepExecution, spec: Any) -> Item:
-    timed_out = step.state == StepState.FAILED
+    timed_out, held = step.state == StepState.FAILED, step.approval or {}
+    escalated = bool(held.get("escalated_at")) and not timed_out
+    then = "the run goes to review" if escalated else spec.wait.on_timeout.text()
     return Item(
         kind="event",
         workflow_id=step.run.workflow_id,
         workflow=step.run.workflow_name,
         tenant=_tenant(step),
         step=step.step_name,
-        role="operator",  # recovery.permissions: send_event
+        role=held.get("role", "operator"),  # recovery.permissions: send_event; escalated: its role
         what=f"event {spec.wait.event!r}",
         asked_at=step.first_attempt_at or step.updated_at,
         deadline=None if timed_out else step.next_attempt_at,
-        then="no event came: the run is in review" if timed_out else spec.wait.on_timeout.text(),
-        overdue=timed_out,
-        assignee=(step.approval or {}).get("assignee", ""),
+        then="no event came: the run is in review" if timed_out else then,
+        overdue=timed_out or escalated,
+        assignee=held.get("assignee", ""),
     )
 
 

@@ -147,6 +147,8 @@ class WaitSpec:
             # Every wait has a time: its run waits until then (never polled), and what happens
             # then is declared — a wait that could last forever would be a silent rejection.
             raise ValueError("a wait needs a timeout (a timer: until= or a duration)")
+        if not self.event and self.on_timeout.action == "escalate":
+            raise ValueError("a timer has nobody to escalate to: its time comes, and the run goes on")
 
     @property
     def is_timer(self) -> bool:

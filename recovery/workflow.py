@@ -354,7 +354,8 @@ class Workflow:
         worker while it waits. The function turns the event's payload (``ctx.event``, validated
         by ``schema`` when it was delivered) into the step's result; returning None keeps the
         payload. ``timeout`` counts from the moment the wait is reached; ``on_timeout`` says what
-        then (``OnTimeout.proceed(default)`` or ``OnTimeout.review()``)."""
+        then (``OnTimeout.proceed(default)``, ``OnTimeout.review()``, or ``OnTimeout.escalate(role,
+        timeout=…)``: it waits on for a person of that role, then goes to review)."""
         spec = WaitSpec(event=event, timeout=timeout, on_timeout=on_timeout, schema=schema)
         return self._waiting(spec, name)
 

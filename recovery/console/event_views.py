@@ -13,7 +13,7 @@ from django.urls import reverse
 from recovery.actions import parse_object
 from recovery.console import views
 from recovery.engine import transitions
-from recovery.errors import EventConflict, InvalidTransition
+from recovery.errors import EventConflict, InvalidTransition, NotPermitted
 from recovery.http import flash, not_allowed, permission_required, require_methods
 from recovery.models import WorkflowRun
 from recovery.permissions import can
@@ -34,6 +34,8 @@ def run_event(request: HttpRequest, workflow_id: str) -> HttpResponse:
         return flash(request, f"no run {workflow_id}", status=404)
     except EventConflict as exc:
         return flash(request, str(exc), status=409)
+    except NotPermitted as exc:  # an escalated wait: its event from a person of the escalation's role
+        return flash(request, str(exc), status=403)
     except InvalidTransition as exc:
         return flash(request, str(exc), status=400)
     if not new:

@@ -236,9 +236,14 @@ def _wait(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> bool
             until = spec.wait.deadline(plan.context(step), now)
             transitions.wait_begin(lease=lease, spec=spec, until=until)
             return False
-        until = step.next_attempt_at
+        until, held = step.next_attempt_at, step.approval or {}
+        escalated = held.get("role", "") if held.get("escalated_at") else ""
         if until is not None and now < until:  # woken before its time (an event for another wait, a sweep)
-            transitions.run_wait(lease=lease, wake_at=until, reason=transitions.waiting_text(spec, until))
+            why = transitions.waiting_text(spec, until, escalated_to=escalated)
+            transitions.run_wait(lease=lease, wake_at=until, reason=why)
+            return False
+        if spec.wait.on_timeout.action == "escalate" and not escalated:
+            transitions.wait_escalate(lease=lease, spec=spec)  # waits on, once; then review
             return False
         default = spec.wait.on_timeout.default
         if spec.wait.is_timer:

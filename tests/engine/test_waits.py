@@ -160,6 +160,44 @@ def test_a_wait_that_declares_a_default_goes_on_with_it_and_says_so(clock, monke
     assert timed_out.reason == "no event 'approved' by the deadline: went on with the declared default"
 
 
+def test_a_wait_that_escalates_waits_on_for_the_other_role_then_goes_to_review(clock, monkeypatch):
+    from recovery import inbox
+    from recovery.errors import NotPermitted
+
+    escalating = OnTimeout.escalate("supervisor", timeout=timedelta(days=1))
+    monkeypatch.setattr(approval_step, "wait", WaitSpec(event="approved", timeout=THREE_DAYS, on_timeout=escalating))
+    run = drive(started(), clock)
+    clock.advance(THREE_DAYS.total_seconds() + 1)
+    run = drive(run, clock)
+
+    assert run.state == RunState.WAITING, run.status_reason
+    assert (
+        "(escalated to a supervisor) until" in run.status_reason and "then the run goes to review" in run.status_reason
+    )
+    assert AuditEvent.objects.filter(action="approval_escalated", step_name="approval").count() == 1
+    [item] = inbox.items(clock.now(), kind="event")
+    assert (item.role, item.overdue, item.then) == ("supervisor", True, "the run goes to review")
+    with pytest.raises(NotPermitted, match="escalated, it waits for a supervisor"):
+        deliver(run, actor=person("olga", "operator"))
+    assert not RunEvent.objects.exists()
+
+    deliver(run, actor=person("sue", "supervisor"))  # in time for the escalation: applied
+    run = drive(run, clock)
+    assert run.state == RunState.COMPLETED and receivers.counts()["ledger"] == 1
+
+
+def test_an_escalated_wait_with_no_event_goes_to_review_once_its_time_passes(clock, monkeypatch):
+    escalating = OnTimeout.escalate("supervisor", timeout=timedelta(days=1))
+    monkeypatch.setattr(approval_step, "wait", WaitSpec(event="approved", timeout=THREE_DAYS, on_timeout=escalating))
+    run = drive(started(), clock)
+    clock.advance(THREE_DAYS.total_seconds() + 1)
+    run = drive(run, clock)
+    clock.advance(timedelta(days=1, seconds=1).total_seconds())
+    run = drive(run, clock)
+    assert run.state == RunState.NEEDS_REVIEW and step(run, "approval").state == StepState.FAILED
+    assert receivers.counts()["ledger"] == 0
+
+
 @pytest.mark.parametrize(
     ("event", "payload", "key", "error", "message"),
     [

@@ -20,13 +20,14 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 
-from recovery import clock
+from recovery import clock, permissions
 from recovery.contract import payload_hash
 from recovery.engine import dispatch
-from recovery.errors import EventConflict, EventRefused
+from recovery.errors import EventConflict, EventRefused, NotPermitted
 from recovery.models import RunEvent, RunRestart, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.states import TERMINAL_RUN_STATES, AuditAction
+from recovery.waiting import a_role
 from recovery.workflow import StepSpec, workflow_of
 
 from ._core import (
@@ -63,13 +64,39 @@ def _no_event_yet(change: _Change, spec: StepSpec) -> None:
             raise EventHere(f"{spec.name}: event {spec.wait.event!r} is here")
 
 
-def waiting_text(spec: StepSpec, until: datetime) -> str:
+def waiting_text(spec: StepSpec, until: datetime, *, escalated_to: str = "") -> str:
     """ "approval: waiting for event 'approved' until 2026-12-07 03:12 UTC; then the run goes to review" """
     assert spec.wait is not None
     if spec.wait.is_timer:
         return f"{spec.name}: sleeping until {until:%Y-%m-%d %H:%M:%S} UTC"
-    then = spec.wait.on_timeout.text()
-    return f"{spec.name}: waiting for event {spec.wait.event!r} until {until:%Y-%m-%d %H:%M} UTC; then {then}"
+    then = "the run goes to review" if escalated_to else spec.wait.on_timeout.text()
+    was = f" (escalated to {a_role(escalated_to)})" if escalated_to else ""
+    return f"{spec.name}: waiting for event {spec.wait.event!r}{was} until {until:%Y-%m-%d %H:%M} UTC; then {then}"
+
+
+def wait_escalate(*, lease: Lease, spec: StepSpec, now: datetime | None = None) -> StepExecution:
+    """The deadline passed with no event and the wait escalates (``OnTimeout.escalate``): it waits
+    on, once, for ``timeout`` more, and from the console or ``manage.py`` only a person of the
+    escalation's role may send its event now (a system's token still may); then review."""
+    assert spec.wait is not None and spec.wait.on_timeout.action == "escalate"
+    escalation = spec.wait.on_timeout
+
+    def body(change: _Change) -> None:
+        run, step = change.run, change.step
+        _no_event_yet(change, spec)
+        assert escalation.timeout is not None
+        until = change.now + escalation.timeout
+        step.approval = {**(step.approval or {}), "role": escalation.role, "escalated_at": change.now.isoformat()}
+        step.next_attempt_at = until
+        change.save_step(step, ["approval", "next_attempt_at"])
+        why = waiting_text(spec, until, escalated_to=escalation.role)
+        _check(RUN_TRANSITIONS, "wait", run.state, "run")
+        _release_into(run, RunState.WAITING, wake_at=until, reason=why)
+        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+        change.reason = f"no event {spec.wait.event!r} by the deadline: {why}"
+        change.extra = {"role": escalation.role, "until": until.isoformat()}
+
+    return _step_transition(lease, spec.name, AuditAction.APPROVAL_ESCALATED, now, body)
 
 
 def wait_begin(*, lease: Lease, spec: StepSpec, until: datetime, now: datetime | None = None) -> StepExecution:
@@ -82,7 +109,8 @@ def wait_begin(*, lease: Lease, spec: StepSpec, until: datetime, now: datetime |
         step.state = _check(STEP_TRANSITIONS, "wait", step.state, "step")
         step.first_attempt_at = change.now
         step.next_attempt_at = until
-        change.save_step(step, ["state", "first_attempt_at", "next_attempt_at"])
+        step.approval = None  # a wait begun again (a restart, a retry) escalates afresh
+        change.save_step(step, ["state", "first_attempt_at", "next_attempt_at", "approval"])
         why = waiting_text(spec, until)
         _check(RUN_TRANSITIONS, "wait", run.state, "run")
         _release_into(run, RunState.WAITING, wake_at=until, reason=why)
@@ -228,6 +256,8 @@ def run_deliver_event(
         steps = {s.step_name: s for s in StepExecution.objects.filter(run=run)}
         target = next((s for s in waits if steps[s.name].state not in ENDED), None)
         spec = target or waits[-1]
+        if target is not None:
+            _may_send(steps[target.name], actor)
         try:
             data = wf.redact(spec.wait.validate(payload))
         except ValueError as exc:  # pydantic's ValidationError is one
@@ -286,6 +316,16 @@ def run_deliver_event(
         if "next_wake_at" in fields:
             dispatch.enqueue_run(run.pk)
     return kept, True
+
+
+def _may_send(step: StepExecution, actor: AbstractBaseUser | str) -> None:
+    """Once a wait escalated, a person below the escalation's role may not send its event (a
+    system with a token may: it answers for its own users)."""
+    role = (step.approval or {}).get("role")
+    if not role or isinstance(actor, str) or permissions.role_of(actor) >= permissions.Role[role.upper()]:
+        return
+    who = actor.get_username()
+    raise NotPermitted(f"{who} may not send {step.step_name}'s event: escalated, it waits for {a_role(role)}")
 
 
 def _for_step(step: StepExecution | None, spec: StepSpec, *, reached: bool, late: bool) -> str:
