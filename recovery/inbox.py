@@ -112,11 +112,8 @@ def _call(step: StepExecution, spec: Any) -> Item:
     timed_out = step.state == StepState.FAILED
     then = "decided by nobody: the run is in review" if timed_out else spec.approval.on_timeout.text()
     return Item(
+        **_where(step),
         kind="call",
-        workflow_id=step.run.workflow_id,
-        workflow=step.run.workflow_name,
-        tenant=_tenant(step),
-        step=step.step_name,
         role=approval.get("role", "supervisor"),
         what=f"{tool} {json.dumps(step.intent or {}, sort_keys=True)}",
         asked_at=datetime.fromisoformat(approval["asked_at"]) if "asked_at" in approval else step.updated_at,
@@ -132,11 +129,8 @@ def _wait(step: StepExecution, spec: Any) -> Item:
     escalated = bool(held.get("escalated_at")) and not timed_out
     then = "the run goes to review" if escalated else spec.wait.on_timeout.text()
     return Item(
+        **_where(step),
         kind="event",
-        workflow_id=step.run.workflow_id,
-        workflow=step.run.workflow_name,
-        tenant=_tenant(step),
-        step=step.step_name,
         role=held.get("role", "operator"),  # recovery.permissions: send_event; escalated: its role
         what=f"event {spec.wait.event!r}",
         asked_at=step.first_attempt_at or step.updated_at,
@@ -169,5 +163,8 @@ def _four_eyes() -> list[Item]:
     ]
 
 
-def _tenant(step: StepExecution) -> str:
-    return str((step.run.input or {}).get("tenant", ""))
+def _where(step: StepExecution) -> dict[str, str]:
+    """The run and step an item is about, and the run input's tenant."""
+    run = step.run
+    tenant = str((run.input or {}).get("tenant", ""))
+    return {"workflow_id": run.workflow_id, "workflow": run.workflow_name, "tenant": tenant, "step": step.step_name}

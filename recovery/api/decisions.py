@@ -31,7 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from recovery import clock, inbox
 from recovery.api import tokens
-from recovery.api.views import ApiError, _json_body, _token
+from recovery.api.views import ApiError, _token, object_body
 from recovery.engine.transitions import DECISIONS, already_decided, perform
 from recovery.errors import DecisionRefused, InvalidTransition, NotPermitted
 from recovery.models import StepExecution, WorkflowRun
@@ -85,12 +85,7 @@ def decide(request: HttpRequest, workflow_id: str) -> JsonResponse:
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
-    data = _json_body(request)
-    if not isinstance(data, dict):
-        raise ApiError(400, 'the body must be a JSON object: {"call": …, "decision": …, "reason": …, "as": …}')
-    unknown = sorted(set(data) - FIELDS)
-    if unknown:
-        raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(FIELDS))}")
+    data = object_body(request, FIELDS, '{"call": …, "decision": …, "reason": …, "as": …}')
     for name in ("call", "reason", "as"):
         if not isinstance(data.get(name), str) or not data[name].strip():
             raise ApiError(400, f"{name} (required) is a non-empty string")

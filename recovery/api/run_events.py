@@ -45,7 +45,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from recovery.api import tokens
-from recovery.api.views import ApiError, _json_body, _token, unavailable
+from recovery.api.views import ApiError, _token, object_body, unavailable
 from recovery.engine.transitions import run_deliver_event
 from recovery.errors import EventConflict, InvalidTransition
 from recovery.models import RunEvent, WorkflowRun
@@ -119,12 +119,7 @@ def _signed_by(request: HttpRequest) -> str:
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
-    data = _json_body(request)
-    if not isinstance(data, dict):
-        raise ApiError(400, 'the body must be a JSON object: {"event": …, "key": …, "payload": {…}}')
-    unknown = sorted(set(data) - FIELDS)
-    if unknown:
-        raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(FIELDS))}")
+    data = object_body(request, FIELDS, '{"event": …, "key": …, "payload": {…}}')
     if not isinstance(data.get("event"), str) or not data["event"].strip():
         raise ApiError(400, "event (required) is the name of the event, a string")
     if not isinstance(data.get("key", ""), str):

@@ -30,6 +30,7 @@ over 256 KiB, 409 the same workflow id with a different input, 405 any method bu
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import pydantic
@@ -143,6 +144,18 @@ def _version(workflow: Workflow, version: str | None) -> Workflow:
         return get_workflow(workflow.name, number)
     except LookupError as exc:
         raise ApiError(400, str(exc)) from None
+
+
+def object_body(request: HttpRequest, allowed: Iterable[str], shape: str) -> dict[str, Any]:
+    """The request's JSON object (within an event's bounds), holding no field but ``allowed``;
+    ``shape`` shows what it looks like, for the 400."""
+    data = _json_body(request)
+    if not isinstance(data, dict):
+        raise ApiError(400, f"the body must be a JSON object: {shape}")
+    unknown = sorted(set(data) - set(allowed))
+    if unknown:
+        raise ApiError(400, f"unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    return data
 
 
 def _json_body(request: HttpRequest) -> dict[str, Any] | list[Any]:

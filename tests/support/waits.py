@@ -179,15 +179,8 @@ def held_credit(ctx):
     return credit.call(ctx)
 
 
-@held_credit.lookup
-def _(ctx):
-    return receivers.find_entry(reference=ctx.idempotency_key)
-
-
-@held_credit.compensate(who="supervisor")
-def _(ctx):
-    """Reverse the credit note."""
-    return receivers.reverse_entry(entry_ref=ctx.intent["remote_ref"], reference=ctx.idempotency_key)
+held_credit.lookup(credit.lookup_fn)
+held_credit.compensate(credit.compensation_fn, who="supervisor")
 
 
 @held_disputes.agent(
