@@ -17,6 +17,7 @@ from django.utils.timezone import localtime
 from recovery.clock import time_of_day
 from recovery.engine.transitions import lease_is_live
 from recovery.models import AGENT_STOPPED, IN_PROGRESS_RUN_STATES, RunState, StepExecution, StepState, WorkflowRun
+from recovery.waiting import a_role
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,10 @@ def _doing(turns: Sequence[dict[str, Any]], *, run: WorkflowRun, now: datetime) 
         return "asking the model", "step-running", "—"
     row = rows[0]
     doing = "ask the model" if row is last["row"] else f"call {_tool(last, row)}"
+    if row.state == StepState.WAITING and row.approval:  # held for a person (transitions.call_approvals)
+        role, wake = row.approval.get("role", "supervisor"), row.next_attempt_at
+        until = f" until {at(wake)}" if wake is not None else ""
+        return f"{_tool(last, row)} waits for {a_role(role)}'s approval{until}", "step-waiting", "—"
     if row.next_attempt_at is not None:
         wake = row.next_attempt_at
         when, column = (f"at {at(wake)}", at(wake)) if wake > now else (_due(run, now), "due now")

@@ -42,6 +42,7 @@ def test_the_run_page_shows_the_held_call_and_an_operator_edits_it_the_run_goes_
     page = text(operator.get(reverse("console:run", args=[run.workflow_id])))
     assert "Waiting for a person" in page and "credit" in page and "waits for an operator's decision" in page
     assert '"amount": 120' in page and 'data-action="decide:resolve:2:0:credit"' in page
+    assert "Turn 2 of at most 5: credit waits for an operator's approval until" in page  # not "waiting to call"
 
     refused = act(operator, run, "edit_call", decision='{"invoice": "inv-1", "amount": "lots"}')
     assert refused.status_code == 400 and "arguments refused by CreditArgs" in text(refused)
