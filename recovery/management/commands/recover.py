@@ -40,7 +40,8 @@ class Command(RecoveryCommand):
             "--step",
             help="the step (retry, reconcile, resolve_*, supersede, decide_again, override; "
             "compensate: one step instead of the run; stop_agent: the agent step; fork_agent: the turn, "
-            "e.g. resolve_dispute:2)",
+            "e.g. resolve_dispute:2; approve_call, edit_call, reject_call, answer_call: the held call, "
+            "e.g. resolve_dispute:2:0:issue_credit_note; take: that call, or a wait step)",
         )
         parser.add_argument(
             "--remote-ref",
@@ -53,8 +54,12 @@ class Command(RecoveryCommand):
             help="resolve_happened, where the receiver cannot be asked by id: the step's result (JSON, its schema)",
         )
         decision = parser.add_mutually_exclusive_group()
-        decision.add_argument("--decision", help="supersede: the new decision, a JSON object")
-        decision.add_argument("--decision-file", help="supersede: a file holding the new decision (JSON); - for stdin")
+        decision.add_argument(
+            "--decision",
+            help="supersede: the new decision; edit_call: the held call's arguments; answer_call: the answer "
+            "in the tool's place (a JSON object)",
+        )
+        decision.add_argument("--decision-file", help="the same, from a file (JSON); - for stdin")
         parser.add_argument(
             "--hours",
             help=f"snooze_alert: how long, in hours ({SNOOZE_DEFAULT_HOURS} if not given; at most {MAX_SNOOZE_HOURS})",
