@@ -392,13 +392,12 @@ SANDBOX_CALLBACK_SECRET = env("SANDBOX_CALLBACK_SECRET", RECOVERY_EVENT_SIGNING_
 # The dispute workflow's credit notes above this amount wait for a supervisor's approval before
 # anything is posted (its tool's needs_approval; workflows.dispute). Above 1000.00 its guard refuses.
 DISPUTE_CREDIT_APPROVAL_ABOVE = env("DISPUTE_CREDIT_APPROVAL_ABOVE", "500.00")
-try:
-    if float(DISPUTE_CREDIT_APPROVAL_ABOVE) < 0 or not DISPUTE_CREDIT_APPROVAL_ABOVE.replace(".", "", 1).isdigit():
-        raise ValueError
-except ValueError:
-    raise ImproperlyConfigured(
-        f"DISPUTE_CREDIT_APPROVAL_ABOVE={DISPUTE_CREDIT_APPROVAL_ABOVE!r}: an amount such as 500.00"
-    ) from None
+# The invoice workflow (v3) posts an invoice above this amount only once its approver approved the
+# task in the tracker, which calls the run back (workflows.invoice).
+INVOICE_APPROVAL_WAIT_ABOVE = env("INVOICE_APPROVAL_WAIT_ABOVE", "20000.00")
+for _name in ("DISPUTE_CREDIT_APPROVAL_ABOVE", "INVOICE_APPROVAL_WAIT_ABOVE"):
+    if not globals()[_name].replace(".", "", 1).isdigit():
+        raise ImproperlyConfigured(f"{_name}={globals()[_name]!r}: an amount such as 500.00")
 
 # Sessions: one shift (8 h from login, not extended by the console's polling), gone when the
 # browser closes. SameSite=Lax: every state change is a POST with a CSRF token (the permission

@@ -113,6 +113,7 @@ class AuditAction(models.TextChoices):
     EVENT_RECEIVED = "event_received", "event received"
     EVENT_APPLIED = "event_applied", "event applied"
     WAIT_TIMEOUT = "wait_timeout", "wait timed out"
+    WAIT_SKIPPED = "wait_skipped", "not needed: went on without waiting"
     CALL_HELD = "call_held", "tool call waits for a person's approval"
     APPROVAL_ESCALATED = "approval_escalated", "escalated at its deadline"
     # operators' actions audited under a name of their own

@@ -147,6 +147,8 @@ def cases(workflow: Workflow, *, compensations: bool = False) -> list[Case]:
 
 
 def _cases_of(name: str, spec: StepSpec, compensations: bool) -> list[Case]:
+    if spec.is_wait:  # it calls nothing: no fault to inject; a crash once its outcome is recorded
+        return [Case(name, CRASH, "after_outcome")]
     out = [] if spec.is_agent else [Case(name, CRASH, point) for point in failpoints.POINTS]
     out += [Case(name, fault) for fault in FAULTS]
     if spec.asks_model:

@@ -137,6 +137,8 @@ class WaitSpec:
     timeout: timedelta | None = None
     until: Callable[[Any], datetime] | None = field(default=None, compare=False)
     schema: type[pydantic.BaseModel] | None = None
+    # Whether a run waits here at all (None: always); when it says no, the step goes on at once.
+    when: Callable[[Any], bool] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.event and not set(self.event) <= EVENT_NAME_CHARS:

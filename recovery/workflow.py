@@ -349,14 +349,17 @@ class Workflow:
         on_timeout: OnTimeout,
         schema: type[pydantic.BaseModel] | None = None,
         name: str | None = None,
+        when: Callable[[StepContext], bool] | None = None,
     ) -> Callable[[Callable], StepSpec]:
         """Declare a step that waits for the event ``event`` (recovery.waiting): the run holds no
         worker while it waits. The function turns the event's payload (``ctx.event``, validated
         by ``schema`` when it was delivered) into the step's result; returning None keeps the
         payload. ``timeout`` counts from the moment the wait is reached; ``on_timeout`` says what
         then (``OnTimeout.proceed(default)``, ``OnTimeout.review()``, or ``OnTimeout.escalate(role,
-        timeout=…)``: it waits on for a person of that role, then goes to review)."""
-        spec = WaitSpec(event=event, timeout=timeout, on_timeout=on_timeout, schema=schema)
+        timeout=…)``: it waits on for a person of that role, then goes to review). ``when(ctx)``:
+        whether this run waits at all — when it says no, the step goes on at once (the function's
+        result, with ``ctx.event`` None), said so in the audit trail."""
+        spec = WaitSpec(event=event, timeout=timeout, on_timeout=on_timeout, schema=schema, when=when)
         return self._waiting(spec, name)
 
     def sleep(

@@ -235,6 +235,24 @@ def decide_task(task_id: str, *, decision: str, by: str, note: str) -> Reply:
     return Reply(200, task.as_json())
 
 
+def watch_task(task_id: str, *, callback_url: str) -> Reply:
+    """Call ``callback_url`` back when the task is decided: the task keeps it (the same one again
+    changes nothing; another replaces it). A task decided already calls it back at once — the
+    approver was faster than the workflow; the receiver keeps the event for its wait."""
+    pk = parse_public_id(Task.PREFIX, task_id)
+    with transaction.atomic(using=DB):
+        task = Task.objects.using(DB).select_for_update().filter(pk=pk).first()
+        if task is None:
+            return error(404, f"no task {task_id!r}")
+        if task.callback_url != callback_url:
+            task.callback_url = callback_url
+            task.save(using=DB, update_fields=["callback_url"])
+    if task.decision:
+        task.callback_status = _call_back(task)[:300]
+        Task.objects.using(DB).filter(pk=pk).update(callback_status=task.callback_status)
+    return Reply(200, task.as_json())
+
+
 def _call_back(task: Task) -> str:
     """POST the task's decision to its callback URL as the event ``task_decided``, under the key
     ``tracker:<task>:decided``, signed as the engine's own webhooks are (HMAC-SHA256 of

@@ -9,6 +9,7 @@ urlpatterns = [
     path("tasks/<str:task_id>", views.task, name="task"),
     path("tasks/<str:task_id>/cancel", views.task_cancel, name="task-cancel"),
     path("tasks/<str:task_id>/decide", views.task_decide, name="task-decide"),
+    path("tasks/<str:task_id>/watch", views.task_watch, name="task-watch"),
     path("messages/", views.messages, name="messages"),
     path("messages/<str:message_id>", views.message, name="message"),
     path("messages/<str:message_id>/corrections", views.message_corrections, name="message-corrections"),

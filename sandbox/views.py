@@ -183,6 +183,15 @@ def task_decide(request: HttpRequest, task_id: str) -> Reply:
     return services.decide_task(task_id, decision=decision, by=by, note=note)
 
 
+@json_endpoint("POST")
+def task_watch(request: HttpRequest, task_id: str) -> Reply:
+    """Call ``{"callback_url": …}`` back when the task is decided (at once if it is already)."""
+    callback_url = required_str(body_object(request), "callback_url")
+    if not callback_url.startswith(("http://", "https://")):
+        raise BadRequest("'callback_url' is an http(s) URL")
+    return services.watch_task(task_id, callback_url=callback_url)
+
+
 # --- Messages --------------------------------------------------------------------------
 
 

@@ -67,7 +67,7 @@ def test_each_way_a_deploy_breaks_a_recorded_run_is_named(clock, monkeypatch, un
         assert_replayable([v1])
 
 
-def test_without_invoice_v1_the_recorded_runs_say_which_a_move_to_v2_would_continue(undeploy):
+def test_without_invoice_v1_the_recorded_runs_say_which_a_move_to_the_current_version_would_continue(undeploy):
     undeploy("invoice", 1)
     recorded_runs = load_recorded(RECORDED)
     with pytest.raises(AssertionError, match="13 of 16 recorded runs cannot continue"):
@@ -75,8 +75,9 @@ def test_without_invoice_v1_the_recorded_runs_say_which_a_move_to_v2_would_conti
     found = {r.workflow_id: r for r in replay(recorded_runs, allow_moves=True)}
     movable = sorted(wid for wid, r in found.items() if wid.startswith("invoice:") and r.ok)
     assert movable == ["invoice:globex:GX-2024-119", "invoice:initech:IN-5532"]  # stopped before the task
-    assert found["invoice:globex:GX-2024-119"].moved == "can move to v2 (adds check_duplicate)"
+    moved = "can move to v3 (adds check_duplicate, watch_approval_task, approver_decision)"
+    assert found["invoice:globex:GX-2024-119"].moved == moved
     assert found["invoice:wayne:WE-3302"].problems == [
-        "invoice v1 is not deployed here (this deployment has v2); cannot move to v2: create_approval_task is "
-        "step 3 of this run and step 4 of v2: the steps before it differ"
+        "invoice v1 is not deployed here (this deployment has v2 and v3); cannot move to v3: create_approval_task "
+        "is step 3 of this run and step 4 of v3: the steps before it differ"
     ]

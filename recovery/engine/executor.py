@@ -232,6 +232,11 @@ def _wait(lease: Lease, plan: Plan, spec: StepSpec, step: StepExecution) -> bool
             transitions.wait_apply(lease=lease, spec=spec, event=event, result=result, complete_run=last)
             failpoints.hit(spec.name, "after_outcome")
             return True
+        if step.state != StepState.WAITING and spec.wait.when is not None and not spec.wait.when(plan.context(step)):
+            result = _wait_result(spec, plan.context(step), {"waited": False})
+            transitions.wait_skip(lease=lease, spec=spec, result=result, complete_run=last)
+            failpoints.hit(spec.name, "after_outcome")
+            return True
         if step.state != StepState.WAITING:
             until = spec.wait.deadline(plan.context(step), now)
             transitions.wait_begin(lease=lease, spec=spec, until=until)

@@ -67,7 +67,7 @@ def test_an_event_starts_one_run_and_its_redelivery_answers_with_the_same_run(to
     assert first.status_code == 201
     assert first.json() == {
         "workflow_id": "invoice:tenant-42:inv-1847",
-        "version": 2,
+        "version": 3,
         "state": "pending",
         "created": True,
     }
@@ -76,7 +76,7 @@ def test_an_event_starts_one_run_and_its_redelivery_answers_with_the_same_run(to
     assert again.status_code == 200
     assert again.json() == {
         "workflow_id": "invoice:tenant-42:inv-1847",
-        "version": 2,
+        "version": 3,
         "state": "pending",
         "created": False,
     }

@@ -115,11 +115,11 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
 
     assert line.startswith(f"seed_demo: {RUNS} demo runs, 15 invoices (2 on invoice v1) and 3 disputes ({RUNS} new): ")
     assert Counter(WorkflowRun.objects.values_list("state", flat=True)) == MIX
-    # Both versions: the two older invoices on v1, every other invoice on v2 (the current one).
+    # Two versions: the two older invoices on v1, every other invoice on v3 (the current one).
     versions = dict(WorkflowRun.objects.filter(workflow_name="invoice").values_list("workflow_id", "workflow_version"))
     assert {wid for wid, version in versions.items() if version == 1} == ON_V1
     assert (
-        {version for wid, version in versions.items() if wid not in ON_V1} == {get_workflow("invoice").version} == {2}
+        {version for wid, version in versions.items() if wid not in ON_V1} == {get_workflow("invoice").version} == {3}
     )
     for state, count in MIX.items():
         assert f"{state} {count}" in line

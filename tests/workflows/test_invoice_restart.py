@@ -173,6 +173,8 @@ def test_a_corrected_invoice_makes_every_effect_again_and_the_first_message_stan
         "check_duplicate": "again",
         "create_approval_task": "undo",
         "notify_approver": "stands",
+        "watch_approval_task": "again",
+        "approver_decision": "again",
         "post_ledger_entry": "undo",
     }
     assert_invariants()

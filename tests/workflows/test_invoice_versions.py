@@ -63,17 +63,19 @@ def open_task(invoice_id: str, *, key: str, amount="1840.00", currency="EUR", te
     return sandbox_services.create_task(key=key, title=f"Approve {invoice_id}", assignee="x", payload=payload).body
 
 
-def test_new_invoice_runs_start_on_v2_which_checks_for_a_duplicate_between_classify_and_the_task():
-    current, kept = get_workflow("invoice"), get_workflow("invoice", 1)
-    assert (current.version, kept.version) == (2, 1)
-    assert [s.name for s in current.steps] == V1_STEPS[:2] + ["check_duplicate"] + V1_STEPS[2:]
+def test_new_invoice_runs_start_on_v3_which_checks_for_a_duplicate_and_may_wait_for_the_approver():
+    current, v2, kept = get_workflow("invoice"), get_workflow("invoice", 2), get_workflow("invoice", 1)
+    assert (current.version, v2.version, kept.version) == (3, 2, 1)
+    assert [s.name for s in v2.steps] == V1_STEPS[:2] + ["check_duplicate"] + V1_STEPS[2:]
+    waits = ["watch_approval_task", "approver_decision"]
+    assert [s.name for s in current.steps] == [s.name for s in v2.steps][:-1] + waits + V1_STEPS[-1:]
     assert [s.name for s in kept.steps] == V1_STEPS
     check = current.get_step("check_duplicate")
     assert (check.effect, check.rerun, check.retry) == ("none", "yes", invoice_module.READ_POLICY)
     assert not current.writes("check_duplicate")
     guards = [g.rule for g in current.guards_for(current.get_step("create_approval_task"))]
     assert "not_a_duplicate" in guards
-    assert start("inv-1").workflow_version == 2
+    assert start("inv-1").workflow_version == 3
 
 
 def test_a_v2_invoice_that_duplicates_another_invoices_open_task_stops_for_review_with_nothing_written(clock):
@@ -222,17 +224,20 @@ def test_the_issue_reproduction_a_deploy_without_v1_strands_no_run_and_v1_back_c
     run.refresh_from_db()
     assert (run.state, run.workflow_version, run.current_step) == (RunState.WAITING, 1, "post_ledger_entry")
 
-    undeploy("invoice", 1)  # the deploy: this code has invoice v2 only
+    undeploy("invoice", 1)  # the deploy: this code has invoice v2 and v3 only
     clock.set(run.next_wake_at)
     assert run_due(owner="v2-only") == 0
     shown = StringIO()
     call_command("show_run", run.workflow_id, stdout=shown)
-    assert "why: started under invoice v1; this deployment has v2: deploy v1 again, or move the run" in shown.getvalue()
+    assert (
+        "why: started under invoice v1; this deployment has v2 and v3: deploy v1 again, or move the run"
+        in shown.getvalue()
+    )
     listed = StringIO()
     with pytest.raises(CommandError, match="this deploy would strand 1 unfinished run"):
         call_command("check_deploy", stdout=listed)
     assert "invoice v1 at post_ledger_entry: 1 run(s) (waiting 1;" in listed.getvalue()
-    assert "cannot move to v2: create_approval_task is step 3 of this run and step 4 of v2" in listed.getvalue()
+    assert "cannot move to v3: create_approval_task is step 3 of this run and step 4 of v3" in listed.getvalue()
     run.refresh_from_db()
     assert run.state == RunState.WAITING and not AuditEvent.objects.filter(run=run, action="review").exists()
 

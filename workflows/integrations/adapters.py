@@ -172,6 +172,20 @@ def get_task(*, task_id: str, client: SandboxClient | None = None) -> dict | Non
     return _by_id(f"/sandbox/tasks/{quote(task_id, safe='')}", "get task", client)
 
 
+def watch_task(*, task_id: str, callback_url: str, client: SandboxClient | None = None) -> Outcome:
+    """Ask the tracker to call ``callback_url`` back when task ``task_id`` is decided (at once if it
+    is already). Idempotent: the same URL again changes nothing."""
+    response = (client or SandboxClient()).request(
+        "POST",
+        f"/sandbox/tasks/{quote(task_id, safe='')}/watch",
+        what="watch approval task",
+        changes_state=True,
+        json={"callback_url": callback_url},
+    )
+    task = response.json()
+    return Outcome(remote_ref=task["id"], result={"task_id": task["id"], "decision": task.get("decision") or ""})
+
+
 def task_outcome(task: dict) -> Outcome:
     """A task as the step records it: what ``create_task`` and ``find_task`` return."""
     return _task_outcome(task)

@@ -1,9 +1,13 @@
-"""The seed's invoice workflow, v2: read → classify → check for a duplicate → create approval
-task → notify approver → post ledger entry, with its recovery contract (the contract table) and
-its guards: the model proposes, and before anything is written the proposal must match what the
-invoice itself says (amount, currency), the approval policy (approver, category), the ledger's
-current state, and no open approval task of another invoice may claim the same sum. v1, without
-the duplicate check, is kept in ``v1.py`` until its runs have drained."""
+"""The seed's invoice workflow, v3: read → classify → check for a duplicate → create approval
+task → notify approver → watch the task → wait for the approver's decision → post ledger entry,
+with its recovery contract (the contract table) and its guards: the model proposes, and before
+anything is written the proposal must match what the invoice itself says (amount, currency), the
+approval policy (approver, category), the ledger's current state, and no open approval task of
+another invoice may claim the same sum. An invoice above INVOICE_APPROVAL_WAIT_ABOVE (settings)
+is posted only once its approver approved the task in the tracker, which calls the run back
+(a durable wait: no worker held); a rejection posts nothing and stops the run for review. v2
+(without the approver's decision) and v1 (without the duplicate check either) are kept in
+``v2.py`` and ``v1.py`` until their runs have drained."""
 
 from __future__ import annotations
 
@@ -11,10 +15,11 @@ from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
 
+from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.errors import PolicyRefusal
-from recovery.workflow import CompensationPolicy, PauseAfter, Reconcile, Rerun, Workflow
+from recovery.workflow import CompensationPolicy, OnTimeout, PauseAfter, Reconcile, Rerun, Workflow
 from workflows.integrations import adapters
 from workflows.integrations.openai import call_timeout
 from workflows.integrations.policies import LEDGER_POLICY, MODEL_POLICY, READ_POLICY, WRITE_POLICY
@@ -47,7 +52,7 @@ class InvoiceEvent(BaseModel):
 
 invoice = Workflow(
     "invoice",
-    version=2,
+    version=3,
     input_schema=InvoiceEvent,
     workflow_id=lambda event: f"invoice:{event['tenant']}:{event['invoice_id']}",
     description="Classify a supplier invoice, open an approval task, notify the approver, post the ledger entry.",
@@ -261,6 +266,48 @@ def send_correction(ctx):
     return replace(sent, incident=incident)
 
 
+class TaskDecision(BaseModel):
+    """The tracker's callback when the approval task is decided (the event ``task_decided``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(min_length=1, max_length=64)
+    decision: str = Field(pattern="^(approved|rejected)$")
+    by: str = Field(min_length=1, max_length=200)
+    note: str = Field(default="", max_length=2000)
+
+
+def approver_decides(ctx) -> bool:
+    """above INVOICE_APPROVAL_WAIT_ABOVE"""
+    amount = Decimal(str(ctx.result("classify")["amount"]))
+    return amount > Decimal(settings.INVOICE_APPROVAL_WAIT_ABOVE)
+
+
+@invoice.step(
+    effect="asks the tracker to call the run back when its approval task is decided",
+    rerun=Rerun.YES,
+    retry=WRITE_POLICY,
+)
+def watch_approval_task(ctx):
+    """Only for an invoice whose approver decides before it is posted (``approver_decides``)."""
+    if not approver_decides(ctx):
+        return {"watching": False}
+    events = f"{settings.RECOVERY_CONSOLE_URL}/api/runs/{ctx.workflow_id}/events"
+    return adapters.watch_task(task_id=ctx.result("create_approval_task")["task_id"], callback_url=events)
+
+
+@invoice.wait(
+    event="task_decided",
+    timeout=timedelta(days=7),
+    on_timeout=OnTimeout.escalate("supervisor", timeout=timedelta(days=2)),
+    schema=TaskDecision,
+    when=approver_decides,
+)
+def approver_decision(ctx):
+    """The approver's decision in the tracker, as it called the run back (or none needed)."""
+    return ctx.event if ctx.event is not None else {"decision": "not needed"}
+
+
 @invoice.step(
     effect="a financial record in the ledger",
     rerun=Rerun.NO,
@@ -295,6 +342,15 @@ def _(ctx):
         "account": f"expenses:{decision['category']}",
         "memo": f"invoice {ctx.input['invoice_id']} ({ctx.input['tenant']})",
     }
+
+
+@post_ledger_entry.guard("approved_by_approver")
+def _(ctx):
+    """Where the approver decides (v3, above INVOICE_APPROVAL_WAIT_ABOVE), only an approved task is posted."""
+    decided = ctx.results.get("approver_decision") or {}
+    if decided.get("decision") == "rejected":
+        said = f"task {decided['task']} was rejected by {decided['by']}"
+        raise PolicyRefusal("approved_by_approver", f"{said}: {decided.get('note') or 'no note'}", dict(decided))
 
 
 @post_ledger_entry.lookup

@@ -162,6 +162,21 @@ def wait_time_out(
     return _step_transition(lease, spec.name, AuditAction.WAIT_TIMEOUT, now, body)
 
 
+def wait_skip(
+    *, lease: Lease, spec: StepSpec, result: Any, complete_run: bool, now: datetime | None = None
+) -> StepExecution:
+    """The run reached the wait with no event for it, and the wait's ``when`` says this run does
+    not wait: the step succeeds at once with ``result``, said so."""
+    why = f"not needed for this run (it waits only {_rule(spec)}): went on without waiting for {spec.wait.event!r}"
+    return _wait_end(lease, spec, AuditAction.WAIT_SKIPPED, "", result, complete_run, why, now)
+
+
+def _rule(spec: StepSpec) -> str:
+    assert spec.wait is not None and spec.wait.when is not None
+    doc = (getattr(spec.wait.when, "__doc__", None) or "").strip().splitlines()
+    return doc[0].rstrip(".") if doc else "its when= rule"
+
+
 def _wait_end(lease, spec, action, applied, result, complete_run, reason, now) -> StepExecution:
     """The wait step succeeds: with the event ``applied`` (its key), or at its deadline (``applied``
     empty: a timer's time came, or the declared default, checked under the lock: no event came)."""
