@@ -160,15 +160,20 @@ def test_a_wait_that_declares_a_default_goes_on_with_it_and_says_so(clock, monke
     assert timed_out.reason == "no event 'approved' by the deadline: went on with the declared default"
 
 
-def test_a_wait_that_escalates_waits_on_for_the_other_role_then_goes_to_review(clock, monkeypatch):
-    from recovery import inbox
-    from recovery.errors import NotPermitted
-
+def escalated(clock, monkeypatch) -> WorkflowRun:
+    """A run whose wait escalates to a supervisor for a day, past its three days with no event."""
     escalating = OnTimeout.escalate("supervisor", timeout=timedelta(days=1))
     monkeypatch.setattr(approval_step, "wait", WaitSpec(event="approved", timeout=THREE_DAYS, on_timeout=escalating))
     run = drive(started(), clock)
     clock.advance(THREE_DAYS.total_seconds() + 1)
-    run = drive(run, clock)
+    return drive(run, clock)
+
+
+def test_a_wait_that_escalates_waits_on_for_the_other_role_then_goes_to_review(clock, monkeypatch):
+    from recovery import inbox
+    from recovery.errors import NotPermitted
+
+    run = escalated(clock, monkeypatch)
 
     assert run.state == RunState.WAITING, run.status_reason
     assert (
@@ -187,11 +192,7 @@ def test_a_wait_that_escalates_waits_on_for_the_other_role_then_goes_to_review(c
 
 
 def test_an_escalated_wait_with_no_event_goes_to_review_once_its_time_passes(clock, monkeypatch):
-    escalating = OnTimeout.escalate("supervisor", timeout=timedelta(days=1))
-    monkeypatch.setattr(approval_step, "wait", WaitSpec(event="approved", timeout=THREE_DAYS, on_timeout=escalating))
-    run = drive(started(), clock)
-    clock.advance(THREE_DAYS.total_seconds() + 1)
-    run = drive(run, clock)
+    run = escalated(clock, monkeypatch)
     clock.advance(timedelta(days=1, seconds=1).total_seconds())
     run = drive(run, clock)
     assert run.state == RunState.NEEDS_REVIEW and step(run, "approval").state == StepState.FAILED

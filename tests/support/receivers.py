@@ -278,3 +278,17 @@ def sandbox_task(*, key: str, body: dict) -> Outcome:
         raise PermanentError(f"tracker: {response.status_code} {response.text[:200]}")
     task = response.json()
     return Outcome(remote_ref=task["id"], result={"task": task["id"]})
+
+
+def decide_in_tracker(task: str, decision: str, *, by: str = "alice", note: str = ""):
+    """The assignee approves or rejects ``task`` in the simulated tracker, over HTTP
+    (settings.SANDBOX_URL): the tracker then calls back the run that asked it to."""
+    import httpx
+    from django.conf import settings
+
+    return httpx.post(
+        f"{settings.SANDBOX_URL}/sandbox/tasks/{task}/decide",
+        json={"decision": decision, "by": by, "note": note},
+        headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"},
+        timeout=30,
+    )

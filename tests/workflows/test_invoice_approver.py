@@ -17,6 +17,7 @@ from recovery.engine.transitions import run_start
 from recovery.models import AuditEvent, RunEvent, RunState, StepState
 from sandbox import faults
 from sandbox.models import LedgerEntry, LedgerKind, Message, Task
+from tests.support import receivers
 from tests.support.engine import assert_invariants, doomed_worker, drive
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
@@ -35,14 +36,7 @@ def live(live_server, settings):
 
 
 def decide(live, task: str, decision: str, by: str = "cfo@example.com", note: str = "") -> httpx.Response:
-    from django.conf import settings
-
-    return httpx.post(
-        f"{live.url}/sandbox/tasks/{task}/decide",
-        json={"decision": decision, "by": by, "note": note},
-        headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"},
-        timeout=30,
-    )
+    return receivers.decide_in_tracker(task, decision, by=by, note=note)
 
 
 def entries() -> list[LedgerEntry]:

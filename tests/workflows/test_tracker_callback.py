@@ -37,14 +37,7 @@ def waiting(order_id: str, clock):
 
 
 def decide(live, task: str, decision: str, by: str = "alice", note: str = "") -> httpx.Response:
-    from django.conf import settings
-
-    return httpx.post(
-        f"{live.url}/sandbox/tasks/{task}/decide",
-        json={"decision": decision, "by": by, "note": note},
-        headers={"Authorization": f"Bearer {settings.SANDBOX_API_KEY}"},
-        timeout=30,
-    )
+    return receivers.decide_in_tracker(task, decision, by=by, note=note)
 
 
 def test_the_assignee_approves_in_the_tracker_and_its_callback_completes_the_run(live, clock):
