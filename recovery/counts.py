@@ -269,6 +269,7 @@ def waiting_steps() -> dict[tuple[str, str, str], int]:
     tool call held for a person (labelled by its tool, not its journal row)."""
     rows = (
         StepExecution.objects.filter(state=StepState.WAITING)
+        .exclude(run__state__in=TERMINAL_RUN_STATES)  # a run terminated at a wait waits no more
         .annotate(held=ExpressionWrapper(Q(approval__isnull=False), output_field=BooleanField()))
         .values_list("run__workflow_name", "step_name", "held")
         .annotate(n=Count("id"))

@@ -168,3 +168,15 @@ def test_held_calls_are_counted_by_cause_and_their_time_to_decision_observed(clo
         assert decide(bot(), run)[0] == 201
     assert (REGISTRY.get_sample_value("recovery_wait_seconds_sum", decided) or 0.0) - before == 5400.0
     assert "recovery_waiting_steps{" not in exposition.render().decode()
+
+
+def test_a_run_terminated_while_its_call_is_held_is_neither_waiting_nor_in_the_inbox(clock):
+    from recovery import clock as engine_clock
+    from recovery import inbox
+    from recovery.engine.transitions import perform
+    from recovery.observability import exposition
+
+    run = held(clock)
+    perform("terminate", workflow_id=run.workflow_id, actor=person("sue", "supervisor"), reason="duplicate dispute")
+    assert "recovery_waiting_steps{" not in exposition.render().decode()
+    assert inbox.items(engine_clock.now()) == []
