@@ -23,6 +23,7 @@ from workflows.integrations import adapters
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "sandbox"])
 
 CALL = "resolve_dispute:2:0:issue_credit_note"
+HOURS = timedelta(hours=2)
 EVENT = {
     "tenant": "tenant-42",
     "dispute_id": "d-7",
@@ -241,3 +242,27 @@ def test_a_credit_note_under_the_limit_goes_straight_through(clock):
     run = drive(run_start(workflow="dispute", data={**EVENT, "complaint": "overcharged by 120.00"})[0], clock)
     assert run.state == RunState.COMPLETED and len(credit_notes()) == 1
     assert run.steps.get(step_name="resolve_dispute:2:0:issue_credit_note").approval is None
+
+
+def test_a_held_credit_note_past_its_deadline_is_stuck_waiting_for_approval(clock, monkeypatch):
+    from recovery import counts
+    from recovery.models import WorkflowRun
+
+    def approval_stuck() -> list[str]:
+        cause = counts.stuck_causes(clock.now())["approval"][1]
+        return list(WorkflowRun.objects.filter(cause).values_list("workflow_id", flat=True))
+
+    escalating = ToolApproval(
+        above_approval_limit, timeout=timedelta(hours=4), on_timeout=OnTimeout.escalate("supervisor", timeout=HOURS)
+    )
+    monkeypatch.setattr(issue_credit_note, "approval", escalating)
+    run = held(clock)
+    assert approval_stuck() == []  # within its deadline: waiting as declared, nothing wrong
+    clock.advance(timedelta(hours=4, seconds=1).total_seconds())
+    run = drive(run, clock)
+    assert approval_stuck() == [run.workflow_id]  # escalated: overdue
+    clock.advance(HOURS.total_seconds() + 1)
+    run = drive(run, clock)
+    assert run.state == RunState.NEEDS_REVIEW and approval_stuck() == [run.workflow_id]  # nobody decided
+    decide(run, "approve_call")
+    assert approval_stuck() == []
