@@ -235,6 +235,11 @@ class Seeder:
         self.arm("ledger", "post", "forbidden")
         return self.drive(run)
 
+    def dispute_held(self, run: WorkflowRun) -> WorkflowRun:
+        """The agent asks for a credit note above the limit: it waits for a supervisor's decision
+        (the Inbox lists it), its deadline days away — the clock is not moved to it."""
+        return self.drive(run, jump=False)
+
     def dispute_stopped(self, run: WorkflowRun) -> WorkflowRun:
         """The ledger is down when the agent issues its credit note; while the call waits for
         its retry, a supervisor stops the agent: nothing more is asked or sent until someone

@@ -64,7 +64,7 @@ class Scenario:
 
 
 # The first two started on invoice v1, before v2 (and its duplicate check) was deployed; v1 is
-# kept beside v2 until its runs drain. HL-887 stopped before its approval task: a supervisor may
+# kept beside v2 and v3 until its runs drain. HL-887 stopped before its approval task: a supervisor may
 # move it to v2. SI-7779 is past its approval task (step 3 of v1, step 4 of v2): it cannot move.
 # When workflows/invoice/v1.py goes, these two go with it (get_workflow would refuse version 1).
 # fmt: off
@@ -131,9 +131,17 @@ DISPUTES = (
             "You charged us twice for invoice IN-5531.", "plain"),
     Dispute("hooli", "D-503", "HL-889", "office@hooli.example",
             "Invoice HL-889 overcharged us by 80.00 EUR: the windows were not cleaned.", "dispute_stopped"),
+    Dispute("globex", "D-504", "GX-2024-117", "ap@globex.example",
+            "Invoice GX-2024-117 overcharged us by 600.00 USD: 5 of the 25 seats were never activated.",
+            "dispute_held"),
 )
 # fmt: on
-DISPUTE_OUTCOMES = {"D-501": RunState.COMPLETED, "D-502": RunState.COMPLETED, "D-503": RunState.NEEDS_REVIEW}
+DISPUTE_OUTCOMES = {
+    "D-501": RunState.COMPLETED,
+    "D-502": RunState.COMPLETED,
+    "D-503": RunState.NEEDS_REVIEW,
+    "D-504": RunState.WAITING,  # its credit note (above DISPUTE_CREDIT_APPROVAL_ABOVE) waits for a supervisor
+}
 
 
 def generation_ids(generation: int) -> list[str]:

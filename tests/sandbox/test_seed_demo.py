@@ -56,7 +56,7 @@ NOTHING = {
 ON_V1 = {"invoice:hooli:HL-887", "invoice:stark:SI-7779"}  # stopped before its approval task; past it
 MIX = {
     RunState.COMPLETED: 7,  # 5 invoices, 2 disputes
-    RunState.WAITING: 1,
+    RunState.WAITING: 2,  # an invoice waiting for its retry; the dispute whose credit note waits for a supervisor
     RunState.NEEDS_REVIEW: 6,  # 5 invoices (1 on v1), the stopped dispute
     RunState.FAILED: 2,  # 1 on v1
     RunState.COMPENSATED: 1,
@@ -113,7 +113,7 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
 
     line = seed()
 
-    assert line.startswith(f"seed_demo: {RUNS} demo runs, 15 invoices (2 on invoice v1) and 3 disputes ({RUNS} new): ")
+    assert line.startswith(f"seed_demo: {RUNS} demo runs, 15 invoices (2 on invoice v1) and 4 disputes ({RUNS} new): ")
     assert Counter(WorkflowRun.objects.values_list("state", flat=True)) == MIX
     # Two versions: the two older invoices on v1, every other invoice on v3 (the current one).
     versions = dict(WorkflowRun.objects.filter(workflow_name="invoice").values_list("workflow_id", "workflow_version"))
@@ -150,6 +150,9 @@ def test_seed_demo_makes_every_state_with_one_effect_per_run_and_a_second_seed_a
     assert (note.reference, str(note.amount)) == (credited.idempotency_key, "-120.00")
     assert step("dispute:initech:D-502", "resolve_dispute").result["outcome"] == "escalated"
     assert step("dispute:initech:D-502", "resolve_dispute:2:0:issue_credit_note").refusal["rule"] == "credit_limit"
+    held = step("dispute:globex:D-504", "resolve_dispute:2:0:issue_credit_note")
+    assert (held.state, held.intent["amount"], held.approval["role"]) == (StepState.WAITING, "600.00", "supervisor")
+    assert run("dispute:globex:D-504").next_wake_at > engine_clock.now()  # days away: nobody decided yet
     stopped = run("dispute:hooli:D-503")
     assert stopped.state == RunState.NEEDS_REVIEW and "stopped by supervisor" in stopped.status_reason
     causes = counts.stuck_causes(engine_clock.now())  # listed as what is true: stopped, not exhausted
@@ -419,7 +422,7 @@ def test_the_demo_pages_reset_button_plays_the_demo_again_in_a_process_of_its_ow
     output = demo.RESET_LOG.read_text()
     assert f"({RUNS} new), generation 2 (ids end in -r2)" in output, output
     assert WorkflowRun.objects.filter(workflow_id__endswith="-r2").count() == RUNS
-    assert AuditEvent.objects.filter(action="terminate", actor="supervisor").count() == 10
+    assert AuditEvent.objects.filter(action="terminate", actor="supervisor").count() == 11  # the held dispute too
     page = client.get("/demo")
     assert "The demo runs are generation 2 (ids ending in -r2)." in page.text
     assert "generation 2 (ids end in -r2)" in page.text  # the last reset's output, on the page

@@ -45,8 +45,8 @@ __all__ = [
 class Command(RecoveryCommand):
     help = (
         "Seed fifteen demo invoice runs in every state (completed, waiting, needs_review, failed, compensated, "
-        "compensation_failed; two on the invoice workflow's previous version, v1) and three disputes through the "
-        "real engine and simulated systems, dated over the past hours. "
+        "compensation_failed; two on the invoice workflow's oldest version, v1) and four disputes (one credit "
+        "note waiting for a supervisor) through the real engine and simulated systems, dated over the past hours. "
         "Idempotent: demo runs that exist are left as they are, so running it again creates nothing. "
         "--reset plays them again as new runs (ids ending in -r2, -r3 …) after terminating the unfinished ones "
         "of the previous play and closing their open approval tasks in the simulated tracker (done); nothing is "
