@@ -106,7 +106,16 @@ MANAGE = str(ROOT / "manage.py")
 
 ACTIVE_STATES = ("pending", "running", "waiting", "compensating")
 REVIEW_STATES = ("needs_review", "failed", "compensation_failed", "compensated", "terminated")
-STEPS = ("read_invoice", "classify", "check_duplicate", "create_approval_task", "notify_approver", "post_ledger_entry")
+STEPS = (
+    "read_invoice",
+    "classify",
+    "check_duplicate",
+    "create_approval_task",
+    "notify_approver",
+    "watch_approval_task",
+    "approver_decision",
+    "post_ledger_entry",
+)
 EFFECT_STEPS = ("create_approval_task", "notify_approver", "post_ledger_entry")
 # A step state that admits the effect may exist in the remote system.
 EFFECT_MAY_EXIST = ("succeeded", "unknown", "running", "compensating", "compensated", "compensation_failed")
@@ -377,6 +386,8 @@ class Soak:
         self.server_port = free_port()
         self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.env = {k: v for k, v in os.environ.items() if k != "RECOVERY_FAILPOINTS"}
+        callback_secret = secrets.token_urlsafe(32)
+        self.approved: dict[str, float] = {}  # run → when its task was last approved in the tracker
         self.env.update(
             SANDBOX_DATABASE_URL=self.sandbox_db_url,
             CELERY_BROKER_URL=self.redis_url,
@@ -394,6 +405,11 @@ class Soak:
             SANDBOX_API_KEY=secrets.token_urlsafe(32),  # production settings close the sandbox without one
             DJANGO_SETTINGS_MODULE="config.settings",
             PORT=str(self.server_port),
+            # Invoice v3: above INVOICE_APPROVAL_WAIT_ABOVE a run waits for its approver, whom the
+            # tracker's signed callback (to this server) answers for (approve_waiting).
+            RECOVERY_CONSOLE_URL=f"http://127.0.0.1:{self.server_port}",
+            RECOVERY_EVENT_SIGNING_SECRET=callback_secret,
+            SANDBOX_CALLBACK_SECRET=callback_secret,
             MODEL_PROVIDER="rules",
             PYTHONUNBUFFERED="1",
         )
@@ -948,6 +964,37 @@ class Soak:
             log(f"released {workflow} {scope}, paused by itself ({reason[:160]}): {len(released)} run(s)")
         return bool(rows)
 
+    def approve_waiting(self, conn) -> bool:
+        """What the approvers do: approve, in the tracker, the task of each invoice that waits for its
+        approver's decision (invoice v3, above INVOICE_APPROVAL_WAIT_ABOVE); the tracker calls the run
+        back, signed. A run still waiting 10 s later (its callback met the server restarting) is
+        approved again: the same decision, the same event key, one event. Whether any was approved."""
+        rows = conn.execute(
+            "SELECT r.workflow_id, t.remote_ref FROM recovery_stepexecution w "
+            "JOIN recovery_workflowrun r ON r.id = w.run_id "
+            "JOIN recovery_stepexecution t ON t.run_id = w.run_id AND t.step_name = 'create_approval_task' "
+            "WHERE w.step_name = 'approver_decision' AND w.state = 'waiting' AND t.remote_ref <> ''"
+        ).fetchall()
+        now, approved = time.monotonic(), False
+        for run, task in rows:
+            if now - self.approved.get(run, -1e9) < 10:
+                continue
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{self.server_port}/sandbox/tasks/{task}/decide",
+                data=json.dumps({"decision": "approve", "by": "soak-approver"}).encode(),
+                headers={"Authorization": f"Bearer {self.env['SANDBOX_API_KEY']}", "Content-Type": "application/json"},
+                method="POST",
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=15) as response:
+                    called = json.loads(response.read()).get("callback_status", "")
+            except Exception as exc:  # the server restarting: the next poll
+                log(f"approving {task} of {run} failed: {exc}")
+                continue
+            self.approved[run], approved = now, True
+            log(f"approved {task} of {run} in the tracker: its callback answered {called or 'nothing'}")
+        return approved
+
     def snapshot(self, conn) -> tuple[Counter, int, set[str]]:
         states = Counter(dict(conn.execute("SELECT state, count(*) FROM recovery_workflowrun GROUP BY state")))
         outbox = conn.execute("SELECT count(*) FROM recovery_outboxmessage WHERE state = 'pending'").fetchone()[0]
@@ -985,6 +1032,7 @@ class Soak:
                     conn = conn or pg_connect(self.db_url)
                     states, outbox, ids = self.snapshot(conn)
                     released = self.release_auto_pauses(conn)  # their runs are active again
+                    released = self.approve_waiting(conn) or released
                 except Exception as exc:
                     log(f"database not readable: {exc}")
                     conn = None
