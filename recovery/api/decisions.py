@@ -1,11 +1,12 @@
-"""A person's decisions, sent by a system on their behalf (issue 38): a chat bot that holds a token
-which may start the workflow's runs lists what waits for people and approves, edits, rejects or
-answers a held tool call for a named user — whose role is checked, as in the console, through
-``perform`` and the same transitions; audited as that user, "via api:<token name>".
+"""A person's decisions, sent by a system on their behalf (issue 38): a chat bot holding a token
+issued for the workflow with ``--may-decide`` lists what waits for people and approves, edits,
+rejects or answers a held tool call for a named user — whose role is checked, as in the console,
+through ``perform`` and the same transitions; audited as that user, "via api:<token name>". A
+token that only starts runs (the system sending invoices) does not decide them.
 
     GET  /api/inbox?role=supervisor&workflow=dispute&tenant=acme&older_than=3600&kind=call
     200 {"items": [{"kind": "call", "workflow_id": …, "step": …, "role": …, "what": …, "deadline": …,
-                    "then": …, "overdue": false, "assignee": "", …}]}   (the token's workflows only)
+                    "then": …, "overdue": false, "assignee": "", …}]}   (the token's workflow only)
 
     POST /api/runs/<workflow id>/decisions
     {"call": "resolve_dispute:2:0:issue_credit_note", "decision": "approve" | "edit" | "reject" | "answer",
@@ -15,10 +16,10 @@ answers a held tool call for a named user — whose role is checked, as in the c
     200 the same, "duplicate": true — the same decision under the same key again (nothing new)
 
 A reject's reason is what the model reads. Errors are ``{"error": …}`` and write nothing: 401 no or
-an unknown token, 403 a token for another workflow or a user whose role may not decide this call,
-404 an unknown run, 400 a body that is not a JSON object (unknown fields, no reason, no such user
-or call, arguments the tool's schema refuses), 409 a call decided already (another decision or
-key) or not waiting for one, 405 another method."""
+an unknown token, 403 a token for another workflow or not issued ``--may-decide``, or a user whose
+role may not decide this call, 404 an unknown run, 400 a body that is not a JSON object (unknown
+fields, no reason, no such user or call, arguments the tool's schema refuses), 409 a call decided
+already (another decision or key) or not waiting for one, 405 another method."""
 
 from __future__ import annotations
 
@@ -49,8 +50,10 @@ def decide(request: HttpRequest, workflow_id: str) -> JsonResponse:
         run = WorkflowRun.objects.filter(workflow_id=workflow_id).first()
         if run is None:
             raise ApiError(404, f"no run {workflow_id!r}")
-        if not tokens.may_start(token, run.workflow_name):
-            raise ApiError(403, f"this token may not decide for {run.workflow_name!r} runs")
+        if not tokens.may_decide(token, run.workflow_name):
+            raise ApiError(
+                403, f"this token may not decide for {run.workflow_name!r} runs (issue one with --may-decide)"
+            )
         body = _body(request)
         action, call, key = ACTION[body["decision"]], body["call"], body.get("key", "")
         user = get_user_model().objects.filter(username=body["as"], is_active=True).first()
@@ -137,5 +140,5 @@ def listed(request: HttpRequest) -> JsonResponse:
         )
     except ApiError as exc:
         return exc.response()
-    mine = [item.as_json(now) for item in found if tokens.may_start(token, item.workflow)]
+    mine = [item.as_json(now) for item in found if tokens.may_decide(token, item.workflow)]
     return JsonResponse({"items": mine})

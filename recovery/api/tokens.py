@@ -27,12 +27,12 @@ def hash_token(token: str) -> str:
 
 
 def issue_token(
-    *, name: str, workflow_name: str, may_pause: bool = False, now: datetime | None = None
+    *, name: str, workflow_name: str, may_pause: bool = False, may_decide: bool = False, now: datetime | None = None
 ) -> tuple[ApiToken, str]:
     """Create a token that may start runs of ``workflow_name`` (and, ``may_pause``, pause and
-    release it) and return it with the token itself, which is not stored and cannot be shown
-    again. Raises LookupError for an unknown workflow and ValueError for an empty or taken name;
-    writes nothing then."""
+    release it; ``may_decide``, decide its held tool calls for the people it names) and return it
+    with the token itself, which is not stored and cannot be shown again. Raises LookupError for
+    an unknown workflow and ValueError for an empty or taken name; writes nothing then."""
     name = name.strip()
     if not name:
         raise ValueError("a token needs a name")
@@ -46,6 +46,7 @@ def issue_token(
                 prefix=token[:8],
                 workflow_name=workflow.name,
                 may_pause=may_pause,
+                may_decide=may_decide,
                 created_at=now or timezone.now(),
             )
     except IntegrityError:
@@ -79,6 +80,12 @@ def authenticate(token: str | None, *, now: datetime | None = None) -> ApiToken 
 
 def may_start(token: ApiToken, workflow_name: str) -> bool:
     return token.workflow_name == workflow_name
+
+
+def may_decide(token: ApiToken, workflow_name: str) -> bool:
+    """Whether the token may decide ``workflow_name``'s held tool calls for a named person (a chat
+    bot's): never a token that only starts runs — the system sending invoices does not approve them."""
+    return token.may_decide and token.workflow_name == workflow_name
 
 
 def may_pause(token: ApiToken, workflow_name: str) -> bool:

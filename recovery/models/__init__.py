@@ -348,6 +348,8 @@ class ApiToken(models.Model):
     workflow_name = models.CharField(max_length=100)  # the one workflow it may start
     # It may also pause and release that workflow (or a step of it) during an incident (recovery.api.incidents).
     may_pause = models.BooleanField(default=False)
+    # It may also decide held tool calls for the people it names (recovery.api.decisions): a chat bot.
+    may_decide = models.BooleanField(default=False)
     created_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

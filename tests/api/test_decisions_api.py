@@ -24,8 +24,9 @@ from tests.support.waits import HELD_CALL
 pytestmark = pytest.mark.django_db
 
 
-def bot(workflow: str = "test_held_calls", name: str = "chatbot") -> Client:
-    return Client(headers={"Authorization": f"Bearer {issue_token(name=name, workflow_name=workflow)[1]}"})
+def bot(workflow: str = "test_held_calls", name: str = "chatbot", *, may_decide: bool = True) -> Client:
+    token = issue_token(name=name, workflow_name=workflow, may_decide=may_decide)[1]
+    return Client(headers={"Authorization": f"Bearer {token}"})
 
 
 def held(clock, order_id: str = "h-1") -> WorkflowRun:
@@ -83,6 +84,7 @@ def test_an_edit_from_the_bot_is_checked_by_the_tools_schema_and_lowers_the_cred
     [
         ("none", {}, 401, "Bearer token is required"),
         ("other", {}, 403, "may not decide for 'test_held_calls' runs"),
+        ("starter", {}, 403, "(issue one with --may-decide)"),
         ("bot", {"as": "nobody"}, 400, "no active user 'nobody'"),
         ("bot", {"as": "vic"}, 403, "may not approve the tool call"),
         ("bot", {"decision": "maybe"}, 400, "decision (required) is one of"),
@@ -97,7 +99,12 @@ def test_bad_decisions_are_refused_with_their_status_and_write_nothing(clock, he
     run = held(clock)
     person("olga", "operator")
     person("vic", "viewer")
-    c = {"none": Client, "other": lambda: bot("test_orders", "erp"), "bot": bot}[headers_for]()
+    c = {
+        "none": Client,
+        "other": lambda: bot("test_orders", "erp"),
+        "starter": lambda: bot(name="erp", may_decide=False),  # the system that starts disputes: not a decider
+        "bot": bot,
+    }[headers_for]()
     before = written()
     answered, answer = decide(c, run, **body)
     assert (answered, says in answer["error"]) == (status, True), answer
@@ -180,3 +187,12 @@ def test_a_run_terminated_while_its_call_is_held_is_neither_waiting_nor_in_the_i
     perform("terminate", workflow_id=run.workflow_id, actor=person("sue", "supervisor"), reason="duplicate dispute")
     assert "recovery_waiting_steps{" not in exposition.render().decode()
     assert inbox.items(engine_clock.now()) == []
+
+
+def test_manage_py_issues_a_token_that_may_decide_and_the_bot_decides_with_it(clock):
+    run = held(clock)
+    person("olga", "operator")
+    out = StringIO()
+    call_command("create_api_token", "chatbot", "--workflow", "test_held_calls", "--may-decide", stdout=out)
+    c = Client(headers={"Authorization": f"Bearer {out.getvalue().strip()}"})
+    assert decide(c, run)[0] == 201

@@ -661,7 +661,7 @@ def make_world(clock, monkeypatch, *, needs: str) -> SimpleNamespace:
     w.bystander = get_user_model().objects.create_user("bystander", password="pw").pk
     # the event's sender, for a waiting run; the chat bot deciding for a person, for a held call
     token_for = {"waiting": "test_approvals", "held": "test_held_calls"}.get(needs, "test_orders")
-    w.token = tokens.issue_token(name="erp", workflow_name=token_for, may_pause=True)[1]
+    w.token = tokens.issue_token(name="erp", workflow_name=token_for, may_pause=True, may_decide=needs == "held")[1]
     if needs == "waiting":  # a run waiting for its approver's event (a durable wait)
         w.waiting = drive(run_start(workflow="test_approvals", data={"tenant": "t", "order_id": "waits"})[0], clock)
     if needs == "held":  # a credit note of 120 waits for an operator's approval; the bot decides for one

@@ -15,10 +15,16 @@ class Command(RecoveryCommand):
             action="store_true",
             help="it may also pause and release that workflow, or a step of it (POST /api/workflows/NAME/pause)",
         )
+        parser.add_argument(
+            "--may-decide",
+            action="store_true",
+            help="it may also decide the workflow's held tool calls for the people it names, whose role is "
+            "checked (POST /api/runs/<id>/decisions: a chat bot)",
+        )
 
-    def handle(self, *args, name, workflow, may_pause, **options):
+    def handle(self, *args, name, workflow, may_pause, may_decide, **options):
         try:
-            _, token = issue_token(name=name, workflow_name=workflow, may_pause=may_pause)
+            _, token = issue_token(name=name, workflow_name=workflow, may_pause=may_pause, may_decide=may_decide)
         except (LookupError, ValueError) as exc:
             raise CommandError(" ".join(str(exc).split())) from None
         self.stdout.write(token)
