@@ -348,6 +348,9 @@ def audit_label(name: str) -> str:
     return action.label if action else str(name).replace("_", " ")
 
 
+# A held tool call's decisions (recovery.engine.transitions.call_approvals): action -> the decision
+# recorded on the call (and the outcome of its time to decision, recovery_wait_seconds).
+CALL_DECISIONS = {"approve_call": "approve", "edit_call": "edit", "reject_call": "reject", "answer_call": "answer"}
 FOUR_EYES_ACTIONS = frozenset(name for name, action in ACTIONS.items() if action.four_eyes)
 BULK_ACTIONS = tuple(name for name, action in ACTIONS.items() if action.bulk)
 

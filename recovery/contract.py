@@ -431,6 +431,12 @@ def is_journal_name(name: str) -> bool:
     return JOURNAL_SEPARATOR in name
 
 
+def metric_label(name: str) -> str:
+    """A step's name as a metric labels it: a journal row by its tool (``credit``, not
+    ``resolve:2:0:credit``: bounded cardinality), any other row by its own name."""
+    return (parse_journal_name(name).tool or name) if is_journal_name(name) else name
+
+
 def journal_rows(agent: str, rows: Iterable[Any]) -> list[Any]:
     """The rows (anything with a ``step_name``) of ``agent``'s journal, in the order given."""
     prefix = agent + JOURNAL_SEPARATOR

@@ -30,7 +30,7 @@ from recovery.models import (
 )
 from recovery.states import STUCK_LABELS as STUCK_LABELS  # re-exported: cause -> label, in the console's order
 from recovery.states import StuckCause
-from recovery.workflow import is_journal_name, parse_journal_name
+from recovery.workflow import metric_label
 
 COUNT_CAP = 10_000  # counts above this read "10,000+": no full COUNT(*) over a big table per request
 
@@ -276,8 +276,7 @@ def waiting_steps() -> dict[tuple[str, str, str], int]:
     )
     found: dict[tuple[str, str, str], int] = {}
     for workflow, step, held, n in rows:
-        label = (parse_journal_name(step).tool or step) if is_journal_name(step) else step
-        key = (workflow, label, "approval" if held else "wait")
+        key = (workflow, metric_label(step), "approval" if held else "wait")
         found[key] = found.get(key, 0) + n
     return found
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from recovery.engine.transitions import awaits_decision
 from recovery.models import ApprovalRequest, ApprovalState, RunState, StepExecution, StepState
+from recovery.permissions import role_named
 from recovery.workflow import parse_journal_name, workflow_of
 
 KINDS = {"call": "tool call to approve", "event": "event to send", "four_eyes": "four-eyes request"}
@@ -71,12 +72,11 @@ def items(
     (a supervisor's inbox holds the operators' items too), ``workflow``, ``tenant`` (the run's
     input's ``tenant``), ``older_than`` asked longer ago than that, ``kind``."""
     found = [*_calls_and_waits(), *_four_eyes()]
-    ranks = {"operator": 1, "supervisor": 2}
     return sorted(
         (
             item
             for item in found
-            if (not role or ranks.get(item.role, 2) <= ranks.get(role, 0))
+            if (not role or role_named(item.role) <= role_named(role))
             and (not workflow or item.workflow == workflow)
             and (not tenant or item.tenant == tenant)
             and (older_than is None or item.age(now) >= older_than)

@@ -64,6 +64,7 @@ from recovery.contract import (  # noqa: F401  (re-exported: the authors' API)
     idempotency_key,
     is_journal_name,
     journal_rows,
+    metric_label,
     parse_journal_name,
     payload_hash,
     turn_name,

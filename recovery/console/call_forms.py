@@ -12,10 +12,12 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 
 from recovery import validation
+from recovery.actions import CALL_DECISIONS
+from recovery.engine import transitions
 from recovery.waiting import a_role
 from recovery.workflow import parse_journal_name
 
-DECIDE = ("approve_call", "edit_call", "reject_call", "answer_call")
+DECIDE = tuple(CALL_DECISIONS)
 OWN_SECTION = (*DECIDE, "take")  # not among the generic buttons: this section has them
 
 
@@ -31,7 +33,7 @@ def call_forms(detail: dict[str, Any], user: AbstractBaseUser, pairs: list[tuple
             allowed.setdefault(step, set()).add(name)
     forms = []
     for step in detail["steps"]:
-        if not step.approval or "decision" in step.approval or step.attempts:
+        if not transitions.awaits_decision(step):
             continue
         spec = workflow.get_step(step.step_name)
         if getattr(spec, "approval", None) is None:

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_safe
 
 from recovery import clock, inbox
 from recovery.http import permission_required
-from recovery.permissions import can, role_of
+from recovery.permissions import can, role_named, role_of
 from recovery.registry import all_workflows
 
 AGES = (("", "any age"), ("1", "over an hour"), ("24", "over a day"), ("72", "over three days"))
@@ -34,15 +34,14 @@ def inbox_page(request: HttpRequest) -> HttpResponse:
         older_than=timedelta(hours=int(hours)) if hours.isdigit() else None,
         kind=kind,
     )
-    mine = role_of(request.user).name.lower()
-    ranks = {"operator": 1, "supervisor": 2}
+    mine = role_of(request.user)
     rows = [
         {
             "item": item,
             "kind": inbox.KINDS[item.kind],
             "may_take": item.kind != "four_eyes"
             and can(request.user, "take")
-            and ranks.get(mine, 0) >= ranks.get(item.role, 2)
+            and mine >= role_named(item.role)
             and item.assignee != request.user.get_username(),
         }
         for item in items

@@ -23,7 +23,8 @@ from django.conf import settings
 from django.db import transaction
 from prometheus_client import Counter, Histogram
 
-from recovery.contract import is_journal_name, parse_journal_name
+from recovery.actions import CALL_DECISIONS
+from recovery.contract import metric_label
 from recovery.states import AuditAction
 
 STEP_ATTEMPTS = Counter(
@@ -144,12 +145,11 @@ def _waited(workflow: str, action: str, step: str, after: Mapping[str, Any]) -> 
         return
     # a held tool call's decision (its outcome: approve, edit, reject, answer), labelled by its tool
     ended = after.get("decision") or ("event" if action == AuditAction.EVENT_APPLIED else "deadline")
-    label = (parse_journal_name(step).tool or step) if is_journal_name(step) else step
-    WAIT_DURATION.labels(workflow, label, ended).observe(after.get("waited_seconds", 0.0))
+    WAIT_DURATION.labels(workflow, metric_label(step), ended).observe(after.get("waited_seconds", 0.0))
 
 
 # A held tool call's decisions (recovery.engine.transitions.call_approvals): time to decision.
-DECISION_ACTIONS = frozenset({"approve_call", "edit_call", "reject_call", "answer_call"})
+DECISION_ACTIONS = frozenset(CALL_DECISIONS)
 WAIT_ACTIONS = frozenset({AuditAction.EVENT_RECEIVED, AuditAction.EVENT_APPLIED, AuditAction.WAIT_TIMEOUT}) | (
     DECISION_ACTIONS
 )

@@ -22,6 +22,7 @@ from typing import Any
 import pydantic
 
 from recovery import permissions
+from recovery.actions import CALL_DECISIONS
 from recovery.errors import DecisionRefused, InvalidTransition, NotPermitted
 from recovery.models import RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
@@ -34,8 +35,9 @@ from ._core import RUN_LEASE_FIELDS, Lease, _Change, _check, _redacted, _release
 from .acting import Act, operator_transition
 from .offers import Situation, _forward_blocked
 from .tables import RUN_TRANSITIONS, STEP_TRANSITIONS
+from .waits import escalate
 
-DECISIONS = {"approve_call": "approve", "edit_call": "edit", "reject_call": "reject", "answer_call": "answer"}
+DECISIONS = CALL_DECISIONS
 
 
 def approval_needed(spec: StepSpec, step: StepExecution, arguments: dict[str, Any], ctx: Any) -> bool:
@@ -103,18 +105,10 @@ def call_approval_escalate(
     escalation = approval.on_timeout
 
     def body(change: _Change) -> None:
-        run, step = change.run, change.step
-        assert escalation.timeout is not None
-        until = change.now + escalation.timeout
-        step.approval = {**(step.approval or {}), "role": escalation.role, "escalated_at": change.now.isoformat()}
-        step.next_attempt_at = until
-        change.save_step(step, ["approval", "next_attempt_at"])
-        why = approval_text(spec, step_name, escalation.role, until, escalated=True)
-        _check(RUN_TRANSITIONS, "wait", run.state, "run")
-        _release_into(run, RunState.WAITING, wake_at=until, reason=why)
-        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+        why = escalate(
+            change, escalation, lambda until: approval_text(spec, step_name, escalation.role, until, escalated=True)
+        )
         change.reason = f"no decision by the deadline: {why}"
-        change.extra = {"role": escalation.role, "until": until.isoformat()}
 
     return _step_transition(lease, step_name, AuditAction.APPROVAL_ESCALATED, now, body)
 
@@ -168,7 +162,7 @@ def call_decidable(s: Situation, step_name: str | None, actor: Any) -> str | Inv
             return f"{step_name} was decided already: {_decided_text(step)}"
         return f"{step_name} waits for no decision (it is {step.state})"
     role = step.approval.get("role", "supervisor")
-    if actor is not None and not isinstance(actor, str) and permissions.role_of(actor) < permissions.Role[role.upper()]:
+    if actor is not None and not isinstance(actor, str) and permissions.role_of(actor) < permissions.role_named(role):
         have = permissions.role_of(actor).name.lower()
         return NotPermitted(f"{actor.get_username()} ({have}) may not decide {step_name}: it waits for {a_role(role)}")
     return ""

@@ -14,6 +14,7 @@ wait, or to time it out — misses its write and decides again with the event in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -27,7 +28,7 @@ from recovery.errors import EventConflict, EventRefused, NotPermitted
 from recovery.models import RunEvent, RunRestart, RunState, StepExecution, StepState, WorkflowRun
 from recovery.redaction import redact_text
 from recovery.states import TERMINAL_RUN_STATES, AuditAction
-from recovery.waiting import a_role
+from recovery.waiting import OnTimeout, a_role
 from recovery.workflow import StepSpec, workflow_of
 
 from ._core import (
@@ -82,21 +83,29 @@ def wait_escalate(*, lease: Lease, spec: StepSpec, now: datetime | None = None) 
     escalation = spec.wait.on_timeout
 
     def body(change: _Change) -> None:
-        run, step = change.run, change.step
         _no_event_yet(change, spec)
-        assert escalation.timeout is not None
-        until = change.now + escalation.timeout
-        step.approval = {**(step.approval or {}), "role": escalation.role, "escalated_at": change.now.isoformat()}
-        step.next_attempt_at = until
-        change.save_step(step, ["approval", "next_attempt_at"])
-        why = waiting_text(spec, until, escalated_to=escalation.role)
-        _check(RUN_TRANSITIONS, "wait", run.state, "run")
-        _release_into(run, RunState.WAITING, wake_at=until, reason=why)
-        change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+        why = escalate(change, escalation, lambda until: waiting_text(spec, until, escalated_to=escalation.role))
         change.reason = f"no event {spec.wait.event!r} by the deadline: {why}"
-        change.extra = {"role": escalation.role, "until": until.isoformat()}
 
     return _step_transition(lease, spec.name, AuditAction.APPROVAL_ESCALATED, now, body)
+
+
+def escalate(change: _Change, escalation: OnTimeout, said: Callable[[datetime], str]) -> str:
+    """A wait for a person (a wait step's event, a held call's decision) past its deadline goes on,
+    once, for ``escalation.timeout`` more, for a person of ``escalation.role`` (the step's
+    ``approval`` names the role now): the run waits again until then, its reason ``said(until)``."""
+    run, step = change.run, change.step
+    assert escalation.timeout is not None
+    until = change.now + escalation.timeout
+    step.approval = {**(step.approval or {}), "role": escalation.role, "escalated_at": change.now.isoformat()}
+    step.next_attempt_at = until
+    change.save_step(step, ["approval", "next_attempt_at"])
+    why = said(until)
+    _check(RUN_TRANSITIONS, "wait", run.state, "run")
+    _release_into(run, RunState.WAITING, wake_at=until, reason=why)
+    change.save_run(RUN_LEASE_FIELDS + ["status_reason"])
+    change.extra = {"role": escalation.role, "until": until.isoformat()}
+    return why
 
 
 def wait_begin(*, lease: Lease, spec: StepSpec, until: datetime, now: datetime | None = None) -> StepExecution:
@@ -337,7 +346,7 @@ def _may_send(step: StepExecution, actor: AbstractBaseUser | str) -> None:
     """Once a wait escalated, a person below the escalation's role may not send its event (a
     system with a token may: it answers for its own users)."""
     role = (step.approval or {}).get("role")
-    if not role or isinstance(actor, str) or permissions.role_of(actor) >= permissions.Role[role.upper()]:
+    if not role or isinstance(actor, str) or permissions.role_of(actor) >= permissions.role_named(role):
         return
     who = actor.get_username()
     raise NotPermitted(f"{who} may not send {step.step_name}'s event: escalated, it waits for {a_role(role)}")
