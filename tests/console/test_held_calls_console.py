@@ -88,3 +88,14 @@ def test_rejected_from_the_page_the_model_reads_the_reason(clock):
     assert run.state == RunState.COMPLETED and receivers.counts()["ledger"] == 0
     assert run.steps.get(step_name=HELD_CALL).last_error == "rejected by u-operator: invoice was paid by card"
     assert run.steps.get(step_name="resolve").result["resolution"] == "refused"
+
+
+def test_a_held_call_the_agents_stop_left_out_is_no_longer_shown_as_waiting(clock):
+    from recovery.engine.transitions import agent_stop
+    from tests.support.engine import person
+
+    run = held(clock)
+    agent_stop(workflow_id=run.workflow_id, step_name="resolve", actor=person("sue"), reason="customer called")
+    assert run.steps.get(step_name=HELD_CALL).state == StepState.SKIPPED
+    page = text(login("supervisor").get(reverse("console:run", args=[run.workflow_id])))
+    assert "Waiting for a person" not in page
